@@ -1,0 +1,78 @@
+"""The ``oncekit`` command line: ``services up|down|status`` and ``demo``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from oncekit.connectors.base import redact_dsn
+from oncekit.connectors.services import BACKENDS
+from oncekit.core.errors import OncekitError
+
+
+def _services(args: argparse.Namespace) -> int:
+    from oncekit.connectors import services as svc
+
+    current = svc.load_state()
+    if args.action == "up":
+        if current is not None:
+            print(f"services already up ({current.backend}); run 'oncekit services down' first", file=sys.stderr)
+            return 1
+        current = svc.start_services(args.backend)
+        path = svc.save_state(current)
+        print(f"backend: {current.backend}  (state in {path})")
+    elif current is None:
+        print("no services started by 'oncekit services up'")
+        return 0 if args.action == "down" else 1
+    elif args.action == "down":
+        current.remove()
+        svc.forget_state()
+        print(f"services down ({current.backend})")
+        return 0
+    else:
+        for service in (current.kafka, current.postgres):
+            try:
+                service.wait_ready(timeout_s=5)
+                print(f"{service.name}: ready")
+            except OncekitError as exc:
+                print(f"{service.name}: NOT READY: {exc}")
+    print(f"kafka bootstrap: {current.kafka.bootstrap_servers}")
+    print(f"postgres dsn:    {current.postgres.dsn if args.show_dsn else redact_dsn(current.postgres.dsn)}")
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from oncekit import demo
+
+    return demo.main(args.backend, args.records)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="oncekit", description="Exactly-once Spark pipelines from Kafka into Kafka and PostgreSQL")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    services = commands.add_parser("services", help="start, stop or check Kafka and PostgreSQL")
+    services.add_argument("action", choices=["up", "down", "status"])
+    services.add_argument("--backend", choices=BACKENDS, default="auto",
+                          help="containers (testcontainers), local (local processes), external (ONCEKIT_KAFKA_BOOTSTRAP, ONCEKIT_POSTGRES_DSN), or auto")
+    services.add_argument("--show-dsn", action="store_true", help="print the DSN with its password")
+    services.set_defaults(run=_services)
+
+    demo = commands.add_parser("demo", help="run the end-to-end smoke pipeline")
+    demo.add_argument("--backend", choices=BACKENDS, default="auto")
+    demo.add_argument("--records", type=int, default=1000)
+    demo.set_defaults(run=_demo)
+
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.run(args))
+    except OncekitError as exc:
+        print(f"oncekit: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,162 @@
+"""The contract every service backend keeps, and the helpers that keep secrets out of text.
+
+A backend (containers, local processes, external) hands out one :class:`KafkaService` and one
+:class:`PostgresService`. Tests and the CLI talk only to these handles: they never know whether
+a broker is a container, a local JVM or the user's own cluster.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import closing, contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from oncekit.core.errors import ServiceError
+
+REDACTED = "***"
+
+# Client settings whose value is a secret, in librdkafka's and psycopg's vocabularies.
+_SECRET_KEY = re.compile(r"password|secret|jaas|token|sasl\.oauthbearer\.config|ssl\.key\.pem", re.I)
+_DSN_URL_PASSWORD = re.compile(r"(://[^:/@\s]*:)([^@\s]*)(@)")
+_DSN_KV_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.I)
+
+
+def redact_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of a client configuration with every secret value replaced, for logs and reprs."""
+    return {key: (REDACTED if _SECRET_KEY.search(key) else value) for key, value in config.items()}
+
+
+def redact_dsn(dsn: str) -> str:
+    """A PostgreSQL connection string (URL or key=value form) with its password replaced."""
+    return _DSN_KV_PASSWORD.sub(rf"\g<1>{REDACTED}", _DSN_URL_PASSWORD.sub(rf"\g<1>{REDACTED}\g<3>", dsn))
+
+
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on right now."""
+    with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def port_in_use(port: int) -> bool:
+    with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def wait_until(check: Callable[[], None], timeout_s: float, what: str) -> None:
+    """Call ``check`` until it returns without raising, or raise ServiceError after ``timeout_s``.
+
+    The last failure is named in the error, so a start-up that never gets ready says why.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            check()
+            return
+        except Exception as exc:
+            if time.monotonic() >= deadline:
+                raise ServiceError(f"{what} not ready after {timeout_s:.0f} s: {exc}") from exc
+            time.sleep(0.5)
+
+
+class Service(ABC):
+    """One running external service. Faults for tests go through :meth:`stop`, :meth:`start`,
+    :meth:`restart`, :meth:`disconnect` and :meth:`reconnect`; a backend that cannot inject a
+    fault raises ServiceError naming it."""
+
+    name: str
+    backend: str
+
+    @abstractmethod
+    def wait_ready(self, timeout_s: float = 120.0) -> None:
+        """Block until the service answers as clients need it; ServiceError after the timeout."""
+
+    @abstractmethod
+    def stop(self) -> None:
+        """Stop the service, keeping its data, so that :meth:`start` brings it back as it was."""
+
+    @abstractmethod
+    def start(self) -> None:
+        """Start a stopped service on the same address and wait until it is ready."""
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def disconnect(self) -> None:
+        """Cut the service off from the network while it keeps running."""
+        raise ServiceError(f"{self.name}: the {self.backend} backend cannot cut a service off the network")
+
+    def reconnect(self) -> None:
+        raise ServiceError(f"{self.name}: the {self.backend} backend cannot cut a service off the network")
+
+    @abstractmethod
+    def remove(self) -> None:
+        """Stop the service for good and delete its data (nothing for an external service)."""
+
+    @abstractmethod
+    def state(self) -> dict[str, Any]:
+        """What the CLI must remember to find this service again from another process."""
+
+
+class KafkaService(Service):
+    name = "kafka"
+    bootstrap_servers: str
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(bootstrap_servers={self.bootstrap_servers!r})"
+
+    def wait_ready(self, timeout_s: float = 120.0) -> None:
+        from oncekit.connectors.kafka import check_broker
+
+        wait_until(lambda: check_broker(self.bootstrap_servers), timeout_s, f"kafka at {self.bootstrap_servers}")
+
+
+class PostgresService(Service):
+    name = "postgres"
+    dsn: str
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(dsn={redact_dsn(self.dsn)!r})"
+
+    def wait_ready(self, timeout_s: float = 120.0) -> None:
+        from oncekit.connectors.postgres import check_server
+
+        wait_until(lambda: check_server(self.dsn), timeout_s, f"postgres at {redact_dsn(self.dsn)}")
+
+
+@dataclass(frozen=True)
+class Services:
+    """A Kafka broker and a PostgreSQL server started (or found) by one backend."""
+
+    backend: str
+    kafka: KafkaService
+    postgres: PostgresService
+
+    def __repr__(self) -> str:
+        return (
+            f"Services(backend={self.backend!r}, kafka={self.kafka.bootstrap_servers!r}, "
+            f"postgres={redact_dsn(self.postgres.dsn)!r})"
+        )
+
+    def remove(self) -> None:
+        errors = []
+        for service in (self.kafka, self.postgres):
+            try:
+                service.remove()
+            except Exception as exc:  # remove the other one all the same
+                errors.append(f"{service.name}: {exc}")
+        if errors:
+            raise ServiceError("could not remove " + "; ".join(errors))
+
+    @contextmanager
+    def running(self) -> Iterator[Services]:
+        try:
+            yield self
+        finally:
+            self.remove()

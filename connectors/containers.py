@@ -1,0 +1,167 @@
+"""The container backend: testcontainers starts a single-node KRaft broker and a PostgreSQL server.
+
+With Docker and registry access the official images run (apache/kafka, postgres). Where no image
+can be pulled, docker/podman/setup.sh builds look-alike images locally and points
+``ONCEKIT_KAFKA_IMAGE`` / ``ONCEKIT_POSTGRES_IMAGE`` at them; both honour the official images'
+environment variables, so this module does not know which it runs.
+
+The broker maps a chosen free host port to the same container port and advertises
+127.0.0.1:port, which spares the advertised-listener dance of testcontainers' KafkaContainer.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+from typing import TYPE_CHECKING, Any
+
+from oncekit.connectors.base import KafkaService, PostgresService, Service, free_port
+from oncekit.connectors.kafka import CLUSTER_ID, KAFKA_VERSION, broker_properties
+from oncekit.connectors.postgres import MAX_PREPARED_TRANSACTIONS
+from oncekit.core.errors import ServiceError
+
+if TYPE_CHECKING:
+    from docker.models.containers import Container
+
+logger = logging.getLogger(__name__)
+
+
+def kafka_image() -> str:
+    return os.environ.get("ONCEKIT_KAFKA_IMAGE", f"apache/kafka:{KAFKA_VERSION}")
+
+
+def postgres_image() -> str:
+    return os.environ.get("ONCEKIT_POSTGRES_IMAGE", "postgres:15")
+
+
+def engine_answers() -> bool:
+    """Whether a Docker-API container engine (Docker, or Podman's API service) answers."""
+    try:
+        import docker
+
+        client = docker.from_env(timeout=5)
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+    except Exception:
+        return False
+
+
+def _engine() -> Any:
+    import docker
+
+    try:
+        return docker.from_env(timeout=60)
+    except Exception as exc:
+        raise ServiceError(
+            "no container engine answers (start Docker, or run docker/podman/setup.sh and source .oncekit/engine.env)"
+        ) from exc
+
+
+def _run(image: str, name: str, env: dict[str, str], ports: dict[int, int], command: list[str] | None) -> str:
+    """Start a container with testcontainers and return its id; a failure names the image."""
+    from testcontainers.core.container import DockerContainer
+
+    container = DockerContainer(image, name=name).with_envs(**env)
+    if command:
+        container.with_command(command)
+    for container_port, host_port in ports.items():
+        container.with_bind_ports(container_port, host_port)
+    try:
+        container.start()
+    except Exception as exc:
+        raise ServiceError(f"cannot start container from image {image}: {exc}") from exc
+    return container.get_container_id()
+
+
+class _ContainerService(Service):
+    """Stop, start and network cuts through the engine's API, shared by both services."""
+
+    backend = "containers"
+    container_id: str
+
+    def _container(self) -> Container:
+        return _engine().containers.get(self.container_id)
+
+    def stop(self) -> None:
+        logger.info("%s: stopping container %s", self.name, self.container_id[:12])
+        self._container().stop(timeout=10)
+
+    def start(self) -> None:
+        logger.info("%s: starting container %s", self.name, self.container_id[:12])
+        self._container().start()
+        self.wait_ready()
+
+    def disconnect(self) -> None:
+        container = self._container()
+        self._network = next(iter(container.attrs["NetworkSettings"]["Networks"]))
+        logger.info("%s: cutting container %s off network %s", self.name, self.container_id[:12], self._network)
+        _engine().networks.get(self._network).disconnect(container)
+
+    def reconnect(self) -> None:
+        network = getattr(self, "_network", None) or "podman"
+        logger.info("%s: reconnecting container %s to network %s", self.name, self.container_id[:12], network)
+        _engine().networks.get(network).connect(self._container())
+
+    def remove(self) -> None:
+        try:
+            self._container().remove(force=True, v=True)
+        except Exception as exc:
+            if type(exc).__name__ != "NotFound":
+                raise ServiceError(f"{self.name}: cannot remove container {self.container_id[:12]}: {exc}") from exc
+
+
+class ContainerKafka(_ContainerService, KafkaService):
+    def __init__(self, container_id: str, port: int) -> None:
+        self.container_id, self.port = container_id, port
+        self.bootstrap_servers = f"127.0.0.1:{port}"
+
+    @classmethod
+    def create(cls, image: str | None = None) -> ContainerKafka:
+        port, controller_port = free_port(), free_port()
+        properties = broker_properties(port, controller_port, bind_host="0.0.0.0")
+        # The official image's convention: log.dirs -> KAFKA_LOG_DIRS, "_" -> "__", "-" -> "___".
+        env = {
+            "KAFKA_" + key.replace("-", "___").replace("_", "__").replace(".", "_").upper(): value
+            for key, value in properties.items()
+        }
+        env["CLUSTER_ID"] = CLUSTER_ID
+        container_id = _run(image or kafka_image(), f"oncekit-kafka-{port}", env, {port: port}, None)
+        kafka = cls(container_id, port)
+        logger.info("kafka: container %s at %s", container_id[:12], kafka.bootstrap_servers)
+        kafka.wait_ready()
+        return kafka
+
+    def state(self) -> dict[str, Any]:
+        return {"container_id": self.container_id, "port": self.port}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> ContainerKafka:
+        return cls(state["container_id"], state["port"])
+
+
+class ContainerPostgres(_ContainerService, PostgresService):
+    def __init__(self, container_id: str, port: int, password: str) -> None:
+        self.container_id, self.port, self._password = container_id, port, password
+        self.dsn = f"postgresql://oncekit:{password}@127.0.0.1:{port}/oncekit"
+
+    @classmethod
+    def create(cls, image: str | None = None) -> ContainerPostgres:
+        port, password = free_port(), secrets.token_urlsafe(16)
+        env = {"POSTGRES_USER": "oncekit", "POSTGRES_PASSWORD": password, "POSTGRES_DB": "oncekit"}
+        # fsync only matters for machine crashes; a killed or restarted server loses nothing without it.
+        command = ["postgres", "-c", f"max_prepared_transactions={MAX_PREPARED_TRANSACTIONS}", "-c", "fsync=off"]
+        container_id = _run(image or postgres_image(), f"oncekit-postgres-{port}", env, {5432: port}, command)
+        postgres = cls(container_id, port, password)
+        logger.info("postgres: container %s on port %s", container_id[:12], port)
+        postgres.wait_ready()
+        return postgres
+
+    def state(self) -> dict[str, Any]:
+        return {"container_id": self.container_id, "port": self.port, "password": self._password}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> ContainerPostgres:
+        return cls(state["container_id"], state["port"], state["password"])

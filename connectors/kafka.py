@@ -1,0 +1,115 @@
+"""Kafka: client configuration, readiness and admin calls, and the broker's own settings.
+
+The broker settings live here once and serve every backend: the container backend passes them
+as ``KAFKA_*`` environment variables (the official apache/kafka image's convention), the
+local-process backend writes them to a properties file.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from oncekit.connectors.base import redact_config
+from oncekit.core.errors import ConfigError, ServiceError
+
+logger = logging.getLogger(__name__)
+
+KAFKA_VERSION = "4.2.1"
+"""The Kafka release oncekit tests against; docker/kafka/pom.xml pins the same."""
+
+CLUSTER_ID = "5L6g3nShT-eMCtK--X86sw"
+
+
+@dataclass(frozen=True)
+class KafkaConfig:
+    """Where a Kafka cluster is and how to talk to it.
+
+    ``client`` holds any librdkafka setting (security protocol, SASL, SSL); secret values never
+    appear in ``repr`` or in error text.
+    """
+
+    bootstrap_servers: str
+    client: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.bootstrap_servers.strip():
+            raise ConfigError("kafka: bootstrap_servers is empty; give host:port[,host:port]")
+        if "bootstrap.servers" in self.client:
+            raise ConfigError("kafka: give bootstrap servers once, as bootstrap_servers, not in client settings")
+
+    def __repr__(self) -> str:
+        return f"KafkaConfig(bootstrap_servers={self.bootstrap_servers!r}, client={redact_config(self.client)!r})"
+
+    def settings(self, **extra: Any) -> dict[str, Any]:
+        """Settings for a confluent-kafka client: the shared ones plus ``extra`` (dots as in
+        librdkafka, given here with underscores, e.g. ``transactional_id``)."""
+        out: dict[str, Any] = {"bootstrap.servers": self.bootstrap_servers, **self.client}
+        out.update({key.replace("_", "."): value for key, value in extra.items()})
+        return out
+
+
+def broker_properties(port: int, controller_port: int, bind_host: str = "127.0.0.1") -> dict[str, str]:
+    """Server properties of a single-node KRaft broker that clients reach at 127.0.0.1:port.
+
+    Single-broker clusters need replication factor 1 and min ISR 1 for the transaction state log
+    and the offsets topic, or transactions and group commits time out.
+    """
+    return {
+        "node.id": "1",
+        "process.roles": "broker,controller",
+        "controller.quorum.voters": f"1@127.0.0.1:{controller_port}",
+        "listeners": f"PLAINTEXT://{bind_host}:{port},CONTROLLER://{bind_host}:{controller_port}",
+        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
+        "controller.listener.names": "CONTROLLER",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "offsets.topic.replication.factor": "1",
+        "offsets.topic.num.partitions": "4",
+        "transaction.state.log.replication.factor": "1",
+        "transaction.state.log.min.isr": "1",
+        "transaction.state.log.num.partitions": "4",
+        "group.initial.rebalance.delay.ms": "0",
+        "auto.create.topics.enable": "false",
+        "num.partitions": "2",
+    }
+
+
+def check_broker(bootstrap_servers: str, client: Mapping[str, Any] | None = None) -> None:
+    """Raise unless the broker answers metadata and a transactional producer can initialise.
+
+    Metadata alone is not enough: the transaction coordinator loads its log after the broker
+    starts, and until then every transactional producer fails.
+    """
+    from confluent_kafka import KafkaException, Producer
+    from confluent_kafka.admin import AdminClient
+
+    config = KafkaConfig(bootstrap_servers, dict(client or {}))
+    try:
+        metadata = AdminClient(config.settings()).list_topics(timeout=5)
+        if not metadata.brokers:
+            raise ServiceError(f"kafka at {bootstrap_servers}: no broker in the metadata")
+        producer = Producer(config.settings(transactional_id=f"oncekit-probe-{uuid.uuid4()}"))
+        producer.init_transactions(10)
+    except KafkaException as exc:
+        raise ServiceError(f"kafka at {bootstrap_servers}: {exc.args[0]}") from exc
+
+
+def create_topic(config: KafkaConfig, topic: str, partitions: int = 1, replication_factor: int = 1) -> None:
+    """Create ``topic``; an existing topic with the same name is left as it is."""
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+    admin = AdminClient(config.settings())  # must outlive the future, or librdkafka cancels it
+    future = admin.create_topics(
+        [NewTopic(topic, num_partitions=partitions, replication_factor=replication_factor)], operation_timeout=30
+    )[topic]
+    try:
+        future.result(timeout=60)
+    except KafkaException as exc:
+        if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+            raise ServiceError(f"kafka: cannot create topic {topic!r}: {exc.args[0].str()}") from exc
+    logger.info("kafka: topic %s ready with %s partitions", topic, partitions)

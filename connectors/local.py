@@ -1,0 +1,251 @@
+"""The local-process backend, for machines with no container engine.
+
+Kafka runs as a KRaft JVM from the official broker jars (fetched from Maven Central by
+docker/kafka/pom.xml); PostgreSQL is a throwaway cluster made with the machine's own server
+binaries. Both listen on free loopback ports and keep their data in a temporary folder.
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from oncekit.connectors.base import KafkaService, PostgresService, free_port, port_in_use
+from oncekit.connectors.kafka import CLUSTER_ID, broker_properties
+from oncekit.connectors.postgres import MAX_PREPARED_TRANSACTIONS
+from oncekit.core.errors import ServiceError
+
+logger = logging.getLogger(__name__)
+
+_REPO_DOCKER = Path(__file__).resolve().parent.parent / "docker"
+
+
+def broker_libs() -> Path:
+    """The folder of Kafka broker jars: ``ONCEKIT_KAFKA_LIBS``, or the repository's Maven
+    output, fetched on first use with docker/fetch-kafka.sh."""
+    configured = os.environ.get("ONCEKIT_KAFKA_LIBS")
+    libs = Path(configured) if configured else _REPO_DOCKER / "kafka" / "target" / "libs"
+    if not glob.glob(str(libs / "kafka_2.13-*.jar")):
+        fetch = _REPO_DOCKER / "fetch-kafka.sh"
+        if configured or not fetch.exists():
+            raise ServiceError(
+                f"kafka: no broker jars in {libs}: set ONCEKIT_KAFKA_LIBS to a folder holding them "
+                "(mvn -f docker/kafka/pom.xml package fetches them)"
+            )
+        result = subprocess.run([str(fetch)], capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            raise ServiceError(result.stderr.strip().splitlines()[-1] if result.stderr.strip() else "kafka: fetch failed")
+    return libs
+
+
+def _require(program: str, what: str) -> str:
+    path = shutil.which(program)
+    if path is None:
+        raise ServiceError(what)
+    return path
+
+
+def _postgres_bin(program: str) -> str:
+    found = shutil.which(program) or next(iter(sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{program}"), reverse=True)), None)
+    if found is None:
+        raise ServiceError(f"postgres: no PostgreSQL server binaries ({program} not found); install postgresql")
+    return found
+
+
+def _as_postgres_user(argv: list[str]) -> list[str]:
+    """PostgreSQL refuses to run as root; as root, run it as the machine's postgres user."""
+    if os.geteuid() != 0:
+        return argv
+    try:
+        import pwd
+
+        pwd.getpwnam("postgres")
+    except KeyError as exc:
+        raise ServiceError("postgres: running as root and there is no 'postgres' user to run the server as") from exc
+    return ["setpriv", "--reuid=postgres", "--regid=postgres", "--init-groups", *argv]
+
+
+def _chown_postgres(path: Path) -> None:
+    if os.geteuid() == 0:
+        shutil.chown(path, "postgres", "postgres")
+
+
+class _Process:
+    """A server process in its own session, so that stopping it stops its children too."""
+
+    def __init__(self, argv: list[str], log: Path, pid: int | None = None) -> None:
+        self.argv, self.log, self.pid = argv, log, pid
+
+    def launch(self) -> None:
+        with open(self.log, "ab") as out:
+            self.pid = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True).pid
+
+    def alive(self) -> bool:
+        if self.pid is None:
+            return False
+        try:
+            finished, _ = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:  # not our child (another CLI call started it)
+            try:
+                os.kill(self.pid, 0)
+            except ProcessLookupError:
+                return False
+            return True
+        return finished == 0
+
+    def terminate(self, timeout_s: float = 30.0) -> None:
+        if self.pid is None or not self.alive():
+            return
+        os.killpg(self.pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while self.alive() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if self.alive():
+            os.killpg(self.pid, signal.SIGKILL)
+            while self.alive():
+                time.sleep(0.05)
+
+    def log_tail(self, lines: int = 5) -> str:
+        try:
+            return " | ".join(self.log.read_text(errors="replace").strip().splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+class LocalKafka(KafkaService):
+    backend = "local"
+
+    def __init__(self, data_dir: Path, port: int, controller_port: int, pid: int | None = None) -> None:
+        self.data_dir, self.port, self.controller_port = data_dir, port, controller_port
+        self.bootstrap_servers = f"127.0.0.1:{port}"
+        java = _require("java", "kafka: no Java on the PATH; install a JRE 17 (apt-get install openjdk-17-jre-headless)")
+        classpath = f"{broker_libs()}/*"
+        self._config = data_dir / "server.properties"
+        log4j = _REPO_DOCKER / "kafka" / "log4j2.properties"
+        self._java = [java, "-Xmx512m", "-cp", classpath]
+        if log4j.exists():
+            self._java.insert(1, f"-Dlog4j2.configurationFile={log4j}")
+        self._process = _Process([*self._java, "kafka.Kafka", str(self._config)], data_dir / "broker.log", pid)
+
+    @classmethod
+    def create(cls) -> LocalKafka:
+        data_dir = Path(tempfile.mkdtemp(prefix="oncekit-kafka-"))
+        kafka = cls(data_dir, free_port(), free_port())
+        properties = {**broker_properties(kafka.port, kafka.controller_port), "log.dirs": str(data_dir / "data")}
+        kafka._config.write_text("".join(f"{key}={value}\n" for key, value in properties.items()))
+        formatted = subprocess.run(
+            [*kafka._java, "kafka.tools.StorageTool", "format", "-t", CLUSTER_ID, "-c", str(kafka._config)],
+            capture_output=True, text=True, check=False,
+        )
+        if formatted.returncode != 0:
+            raise ServiceError(f"kafka: formatting the KRaft log failed: {formatted.stderr.strip()[-300:]}")
+        kafka.start()
+        return kafka
+
+    def start(self) -> None:
+        for port in (self.port, self.controller_port):
+            if port_in_use(port):
+                raise ServiceError(f"kafka: port {port} on 127.0.0.1 is in use")
+        self._process.launch()
+        logger.info("kafka: local broker pid %s at %s", self._process.pid, self.bootstrap_servers)
+        self.wait_ready()
+
+    def wait_ready(self, timeout_s: float = 120.0) -> None:
+        time.sleep(0.5)
+        if not self._process.alive():
+            raise ServiceError(f"kafka: local broker exited at start: {self._process.log_tail()}")
+        super().wait_ready(timeout_s)
+
+    def stop(self) -> None:
+        self._process.terminate()
+
+    def remove(self) -> None:
+        self.stop()
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def state(self) -> dict[str, Any]:
+        return {"data_dir": str(self.data_dir), "port": self.port, "controller_port": self.controller_port,
+                "pid": self._process.pid}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> LocalKafka:
+        return cls(Path(state["data_dir"]), state["port"], state["controller_port"], state["pid"])
+
+
+class LocalPostgres(PostgresService):
+    backend = "local"
+
+    def __init__(self, data_dir: Path, port: int, password: str, pid: int | None = None) -> None:
+        self.data_dir, self.port, self._password = data_dir, port, password
+        self.dsn = f"postgresql://oncekit:{password}@127.0.0.1:{port}/oncekit"
+        argv = [
+            _postgres_bin("postgres"), "-D", str(data_dir / "data"), "-p", str(port), "-k", str(data_dir),
+            "-c", "listen_addresses=127.0.0.1", "-c", f"max_prepared_transactions={MAX_PREPARED_TRANSACTIONS}",
+            # fsync only matters for machine crashes; a killed server loses nothing without it.
+            "-c", "fsync=off",
+        ]
+        self._process = _Process(_as_postgres_user(argv), data_dir / "server.log", pid)
+
+    @classmethod
+    def create(cls) -> LocalPostgres:
+        import secrets
+
+        initdb = _postgres_bin("initdb")
+        data_dir = Path(tempfile.mkdtemp(prefix="oncekit-postgres-"))
+        password = secrets.token_urlsafe(16)
+        pwfile = data_dir / "pwfile"
+        pwfile.write_text(password)
+        for path in (data_dir, pwfile):
+            _chown_postgres(path)
+        result = subprocess.run(
+            _as_postgres_user([initdb, "-D", str(data_dir / "data"), "-U", "oncekit", f"--pwfile={pwfile}",
+                               "-A", "scram-sha-256", "--no-sync"]),
+            capture_output=True, text=True, check=False,
+        )
+        pwfile.unlink()
+        if result.returncode != 0:
+            raise ServiceError(f"postgres: initdb failed: {result.stderr.strip()[-300:]}")
+        postgres = cls(data_dir, free_port(), password)
+        postgres.start(database="postgres")
+        import psycopg
+
+        with psycopg.connect(postgres.dsn.rsplit("/", 1)[0] + "/postgres", autocommit=True) as conn:
+            conn.execute("CREATE DATABASE oncekit")
+        return postgres
+
+    def start(self, database: str = "oncekit") -> None:
+        if port_in_use(self.port):
+            raise ServiceError(f"postgres: port {self.port} on 127.0.0.1 is in use")
+        self._process.launch()
+        logger.info("postgres: local server pid %s on port %s", self._process.pid, self.port)
+        time.sleep(0.3)
+        if not self._process.alive():
+            raise ServiceError(f"postgres: local server exited at start: {self._process.log_tail()}")
+        dsn = self.dsn.rsplit("/", 1)[0] + "/" + database
+        from oncekit.connectors.base import redact_dsn, wait_until
+        from oncekit.connectors.postgres import check_server
+
+        wait_until(lambda: check_server(dsn), 60, f"postgres at {redact_dsn(dsn)}")
+
+    def stop(self) -> None:
+        self._process.terminate()
+
+    def remove(self) -> None:
+        self.stop()
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def state(self) -> dict[str, Any]:
+        return {"data_dir": str(self.data_dir), "port": self.port, "password": self._password,
+                "pid": self._process.pid}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> LocalPostgres:
+        return cls(Path(state["data_dir"]), state["port"], state["password"], state["pid"])

@@ -1,0 +1,107 @@
+"""Start, find and stop the services oncekit's tests, demo and CLI run against.
+
+``start_services(backend)`` is the one entry point; ``backend`` is ``containers`` (testcontainers
+on Docker or Podman), ``local`` (local processes), ``external`` (the user's own) or ``auto``
+(containers where an engine answers, else local). The CLI keeps what it started in a state file
+so that ``oncekit services down`` in another process can find it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from oncekit.connectors.base import KafkaService, PostgresService, Services
+from oncekit.core.errors import ConfigError, ServiceError
+
+logger = logging.getLogger(__name__)
+
+BACKENDS = ("auto", "containers", "local", "external")
+
+
+def resolve_backend(backend: str) -> str:
+    if backend not in BACKENDS:
+        raise ConfigError(f"unknown services backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if backend != "auto":
+        return backend
+    from oncekit.connectors.containers import engine_answers
+
+    return "containers" if engine_answers() else "local"
+
+
+def start_services(backend: str = "auto") -> Services:
+    """Start (or, for ``external``, find) a Kafka broker and a PostgreSQL server and wait until
+    both are ready: the broker answers metadata and initialises a transactional producer, the
+    server accepts a connection. A failure raises ServiceError and leaves nothing running."""
+    chosen = resolve_backend(backend)
+    kafka: KafkaService
+    postgres: PostgresService
+    if chosen == "containers":
+        from oncekit.connectors.containers import ContainerKafka, ContainerPostgres, engine_answers
+
+        if not engine_answers():
+            raise ServiceError(
+                "no container engine answers (start Docker, or run docker/podman/setup.sh and source .oncekit/engine.env)"
+            )
+        kafka_type: Any = ContainerKafka
+        postgres_type: Any = ContainerPostgres
+    elif chosen == "local":
+        from oncekit.connectors.local import LocalKafka, LocalPostgres
+
+        kafka_type, postgres_type = LocalKafka, LocalPostgres
+    else:
+        from oncekit.connectors.external import ExternalKafka, ExternalPostgres
+
+        services = Services(chosen, ExternalKafka(), ExternalPostgres())
+        services.kafka.wait_ready(30)
+        services.postgres.wait_ready(30)
+        return services
+    kafka = kafka_type.create()
+    try:
+        postgres = postgres_type.create()
+    except BaseException:
+        kafka.remove()
+        raise
+    return Services(chosen, kafka, postgres)
+
+
+def state_file() -> Path:
+    return Path(os.environ.get("ONCEKIT_STATE_DIR", ".oncekit")) / "services.json"
+
+
+def save_state(services: Services) -> Path:
+    """Write what ``load_state`` needs (ids, ports, the generated password) to a 0600 file."""
+    path = state_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"backend": services.backend, "kafka": services.kafka.state(), "postgres": services.postgres.state()}
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        json.dump(payload, out)
+    return path
+
+
+def load_state() -> Services | None:
+    """The services a previous ``oncekit services up`` started, or None."""
+    path = state_file()
+    if not path.exists():
+        return None
+    payload = json.loads(path.read_text())
+    backend = payload["backend"]
+    if backend == "containers":
+        from oncekit.connectors.containers import ContainerKafka, ContainerPostgres
+
+        return Services(backend, ContainerKafka.from_state(payload["kafka"]), ContainerPostgres.from_state(payload["postgres"]))
+    if backend == "local":
+        from oncekit.connectors.local import LocalKafka, LocalPostgres
+
+        return Services(backend, LocalKafka.from_state(payload["kafka"]), LocalPostgres.from_state(payload["postgres"]))
+    from oncekit.connectors.external import ExternalKafka, ExternalPostgres
+
+    return Services(backend, ExternalKafka(), ExternalPostgres())
+
+
+def forget_state() -> None:
+    state_file().unlink(missing_ok=True)

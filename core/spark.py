@@ -1,0 +1,55 @@
+"""The Spark session with oncekit's defaults.
+
+Called by the user's driver program, the demo and the tests. It sets nothing that only works in
+local mode: the master comes from ``spark-submit`` or ``SPARK_MASTER`` when given, and the
+executors' Python is the driver's interpreter unless ``PYSPARK_PYTHON`` says otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+
+
+def default_conf(cores: int | None = None) -> dict[str, str]:
+    """Spark settings oncekit's pipelines expect.
+
+    RocksDB keeps streaming state off the JVM heap and is what transformWithState needs;
+    shuffle partitions follow the cores (Spark's 200 default makes every micro-batch of a small
+    job run 200 tasks).
+    """
+    cores = cores or os.cpu_count() or 2
+    return {
+        "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
+        "spark.sql.shuffle.partitions": str(max(2, cores)),
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.streaming.stopGracefullyOnShutdown": "true",
+    }
+
+
+def spark_session(app_name: str = "oncekit", master: str | None = None, conf: Mapping[str, str] | None = None) -> SparkSession:
+    """Get or create the session with :func:`default_conf` plus ``conf``, logging at WARN.
+
+    ``master`` defaults to ``SPARK_MASTER``, then to what spark-submit was given (local[*] if nothing).
+    """
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = SparkSession.builder.appName(app_name)
+    master = master or os.environ.get("SPARK_MASTER")
+    if master:  # else spark-submit's own, which is local[*] when nothing set one
+        builder = builder.master(master)
+    for key, value in {**default_conf(), **(conf or {})}.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("WARN")
+    return session

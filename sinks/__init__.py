@@ -1,0 +1,1 @@
+"""Sinks for Kafka and PostgreSQL: idempotent, write-ahead-log and two-phase-commit protocols."""

@@ -1,0 +1,1 @@
+"""Replayable sources for Spark Structured Streaming, with offsets kept in Spark's checkpoint."""

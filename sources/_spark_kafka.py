@@ -1,0 +1,151 @@
+"""The thin Spark adapter of the Kafka source: PySpark's DataSource classes, camelCase inside."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from typing import Any, cast
+
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
+from pyspark.sql.types import StructType
+
+from oncekit.sources.kafka import (
+    FORMAT,
+    HEADERS_FIELD,
+    SCHEMA,
+    KafkaPartitionReader,
+    KafkaSourceOptions,
+    Offsets,
+    _resolve,
+    watermarks,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class KafkaRange(InputPartition):
+    """One task's work: records [start, end) of one topic-partition."""
+
+    def __init__(self, topic: str, partition: int, start: int, end: int) -> None:
+        self.topic, self.partition, self.start, self.end = topic, partition, start, end
+
+    def __repr__(self) -> str:
+        return f"KafkaRange({self.topic}-{self.partition} [{self.start}, {self.end}))"
+
+
+def _ranges(start: Offsets, end: Offsets) -> list[KafkaRange]:
+    return [
+        KafkaRange(topic, int(partition), start.get(topic, {}).get(partition, 0), stop)
+        for topic, partitions in sorted(end.items())
+        for partition, stop in sorted(partitions.items(), key=lambda item: int(item[0]))
+        if stop > start.get(topic, {}).get(partition, 0)
+    ]
+
+
+def _read(options: KafkaSourceOptions, partition: InputPartition) -> Iterator[Any]:
+    task = cast(KafkaRange, partition)  # Spark hands back what partitions() returned
+    return KafkaPartitionReader(options).read(task.topic, task.partition, task.start, task.end)
+
+
+class KafkaDataSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT
+
+    def schema(self) -> str:
+        options = KafkaSourceOptions.parse(self.options)
+        return SCHEMA + (", " + HEADERS_FIELD if options.include_headers else "")
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return KafkaBatchReader(KafkaSourceOptions.parse(self.options))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return KafkaStreamReader(KafkaSourceOptions.parse(self.options))
+
+
+class KafkaBatchReader(DataSourceReader):
+    def __init__(self, options: KafkaSourceOptions) -> None:
+        self.options = options
+
+    def partitions(self) -> Sequence[InputPartition]:
+        marks = watermarks(self.options)
+        return _ranges(
+            _resolve(self.options.starting_offsets, marks, "startingOffsets"),
+            _resolve(self.options.ending_offsets, marks, "endingOffsets"),
+        )
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        return _read(self.options, partition)
+
+
+class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Driver side: plans offset ranges; Spark checkpoints them in its offset log."""
+
+    def __init__(self, options: KafkaSourceOptions) -> None:
+        self.options = options
+        self._available_now: Offsets | None = None
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        """Trigger.AvailableNow reads what exists now and no later record, in as many batches
+        as maxOffsetsPerTrigger needs."""
+        self._available_now = {}
+        for (topic, partition), (_, high) in watermarks(self.options).items():
+            self._available_now.setdefault(topic, {})[str(partition)] = high
+
+    def initialOffset(self) -> dict[str, Any]:
+        return _resolve(self.options.starting_offsets, watermarks(self.options), "startingOffsets")
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        limit = self.options.max_offsets_per_trigger
+        return ReadMaxRows(limit) if limit else ReadAllAvailable()
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        latest: Offsets = {}
+        for (topic, partition), (_, high) in watermarks(self.options).items():
+            stop = (self._available_now or {}).get(topic, {}).get(str(partition), high)
+            latest.setdefault(topic, {})[str(partition)] = min(high, stop)
+        if isinstance(limit, ReadMaxRows):
+            latest = _cap(start, latest, limit.max_rows)
+        return latest
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        return _ranges(start, end)
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        return _read(self.options, partition)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Called on the driver when the next batch starts: mirror offsets to the consumer group
+        for lag monitoring. Never read back for recovery."""
+        if not self.options.consumer_group:
+            return
+        from confluent_kafka import TopicPartition
+
+        consumer = self.options.consumer(**{"group.id": self.options.consumer_group})
+        try:
+            consumer.commit(
+                offsets=[TopicPartition(t, int(p), o) for t, parts in end.items() for p, o in parts.items()],
+                asynchronous=False,
+            )
+        except Exception as exc:  # monitoring only: a failed mirror must not fail the query
+            logger.warning("%s: could not mirror offsets to group %s: %s", FORMAT, self.options.consumer_group, exc)
+        finally:
+            consumer.close()
+
+
+def _cap(start: Offsets, latest: Offsets, max_rows: int) -> Offsets:
+    """Spread ``max_rows`` over the partitions in proportion to their backlog (as Spark's own
+    Kafka source does), at least one record for any partition with a backlog."""
+    backlog = {
+        (t, p): latest[t][p] - start.get(t, {}).get(p, 0) for t in latest for p in latest[t]
+    }
+    total = sum(max(0, b) for b in backlog.values())
+    if total <= max_rows:
+        return latest
+    capped: Offsets = {}
+    for (topic, partition), lag in backlog.items():
+        begin = start.get(topic, {}).get(partition, 0)
+        share = 0 if lag <= 0 else max(1, lag * max_rows // total)
+        capped.setdefault(topic, {})[partition] = begin + min(lag, share) if lag > 0 else latest[topic][partition]
+    return capped

@@ -1,0 +1,226 @@
+"""A replayable Kafka source for Spark, over confluent-kafka, with offsets in Spark's checkpoint.
+
+Spark plans every micro-batch as a range of offsets per topic-partition and writes the range to
+its offset log before the batch runs, so a batch that is re-run after a crash reads exactly the
+same records. Consumer-group offsets are never used for recovery.
+
+Use it as ``spark.readStream.format("oncekit-kafka")`` after :func:`register` (or through
+:class:`KafkaSourceBuilder`). Tasks yield pyarrow RecordBatches, not rows.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from oncekit.connectors.base import redact_config
+from oncekit.core.errors import ConfigError, OncekitError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import SparkSession
+
+logger = logging.getLogger(__name__)
+
+FORMAT = "oncekit-kafka"
+SCHEMA = (
+    "key binary, value binary, topic string, partition int, offset bigint, timestamp timestamp, timestampType int"
+)
+HEADERS_FIELD = "headers array<struct<key: string, value: binary>>"
+
+# Offsets as Spark stores them: {topic: {partition (as str, JSON keys are strings): offset}}.
+Offsets = dict[str, dict[str, int]]
+
+
+class DataLossError(OncekitError):
+    """Records the query needs were deleted (retention) or the topic was recreated."""
+
+
+class SourceReadError(OncekitError):
+    """A task could not read its offset range."""
+
+
+@dataclass(frozen=True)
+class KafkaSourceOptions:
+    """The source's options, parsed once from Spark's string options.
+
+    ``kafka.*`` options pass through to librdkafka (``kafka.bootstrap.servers`` is required).
+    """
+
+    client: Mapping[str, str]
+    topics: tuple[str, ...]
+    starting_offsets: str = "earliest"
+    ending_offsets: str = "latest"
+    max_offsets_per_trigger: int | None = None
+    fail_on_data_loss: bool = True
+    include_headers: bool = False
+    poll_timeout_s: float = 120.0
+    consumer_group: str | None = None
+    batch_size: int = 10_000
+
+    def __repr__(self) -> str:
+        return f"KafkaSourceOptions(topics={self.topics!r}, client={redact_config(self.client)!r})"
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> KafkaSourceOptions:
+        lowered = {key.lower(): value for key, value in options.items()}
+        client = {key[len("kafka."):]: value for key, value in lowered.items() if key.startswith("kafka.")}
+        if "bootstrap.servers" not in client:
+            raise ConfigError(f"{FORMAT}: option kafka.bootstrap.servers is required")
+        client.setdefault("isolation.level", "read_committed")
+        if client["isolation.level"] not in ("read_committed", "read_uncommitted"):
+            raise ConfigError(f"{FORMAT}: kafka.isolation.level must be read_committed or read_uncommitted")
+        topics = tuple(t.strip() for t in lowered.get("subscribe", "").split(",") if t.strip())
+        if not topics:
+            raise ConfigError(f"{FORMAT}: option subscribe is required (comma-separated topics)")
+        max_offsets = lowered.get("maxoffsetspertrigger")
+        try:
+            limit = int(max_offsets) if max_offsets else None
+        except ValueError as exc:
+            raise ConfigError(f"{FORMAT}: maxOffsetsPerTrigger must be a whole number, got {max_offsets!r}") from exc
+        if limit is not None and limit <= 0:
+            raise ConfigError(f"{FORMAT}: maxOffsetsPerTrigger must be positive, got {limit}")
+        return cls(
+            client=client,
+            topics=topics,
+            starting_offsets=lowered.get("startingoffsets", "earliest"),
+            ending_offsets=lowered.get("endingoffsets", "latest"),
+            max_offsets_per_trigger=limit,
+            fail_on_data_loss=lowered.get("failondataloss", "true").lower() != "false",
+            include_headers=lowered.get("includeheaders", "false").lower() == "true",
+            poll_timeout_s=float(lowered.get("polltimeoutms", "120000")) / 1000,
+            consumer_group=lowered.get("consumergroup") or None,
+        )
+
+    def consumer(self, **extra: Any) -> Any:
+        from confluent_kafka import Consumer
+
+        settings: dict[str, Any] = {
+            "group.id": "oncekit-source",  # required by librdkafka; assign() never joins the group
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "enable.partition.eof": False,
+            **self.client,
+        }
+        settings.update(extra)
+        return Consumer(settings)
+
+
+def _resolve(spec: str, watermarks: Mapping[tuple[str, int], tuple[int, int]], which: str) -> Offsets:
+    """Offsets for ``earliest``, ``latest`` or per-partition JSON (-2 earliest, -1 latest), the
+    convention of Spark's own Kafka source."""
+    explicit: dict[str, dict[str, int]] = {}
+    if spec not in ("earliest", "latest"):
+        try:
+            explicit = {t: {str(p): int(o) for p, o in parts.items()} for t, parts in json.loads(spec).items()}
+        except (ValueError, AttributeError) as exc:
+            raise ConfigError(f"{FORMAT}: {which} must be earliest, latest or JSON like {{\"topic\":{{\"0\":42}}}}") from exc
+    out: Offsets = {}
+    for (topic, partition), (low, high) in watermarks.items():
+        given = explicit.get(topic, {}).get(str(partition))
+        if given is None:
+            given = -1 if spec == "latest" else -2
+        out.setdefault(topic, {})[str(partition)] = low if given == -2 else high if given == -1 else given
+    return out
+
+
+class KafkaPartitionReader:
+    """Reads one topic-partition's range [start, end) in a task and yields Arrow batches.
+
+    The range ends on the consumer's position, never on the offset end-1: transaction markers
+    and aborted records occupy offsets, so the last offsets of a range may carry no record.
+    """
+
+    def __init__(self, options: KafkaSourceOptions) -> None:
+        self.options = options
+
+    def read(self, topic: str, partition: int, start: int, end: int) -> Iterator[pa.RecordBatch]:
+        import pyarrow as pa
+        from confluent_kafka import KafkaException, TopicPartition
+
+        if start >= end:
+            return
+        consumer = self.options.consumer()
+        try:
+            low, _ = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
+            if start < low:
+                lost = f"{FORMAT}: topic {topic} partition {partition}: offsets {start}..{min(low, end) - 1} are gone (log starts at {low})"
+                if self.options.fail_on_data_loss:
+                    raise DataLossError(lost + "; set failOnDataLoss=false to skip them")
+                logger.warning("%s; skipped", lost)
+                start = low
+                if start >= end:
+                    return
+            consumer.assign([TopicPartition(topic, partition, start)])
+            position = start
+            deadline = time.monotonic() + self.options.poll_timeout_s
+            while position < end:
+                messages = consumer.consume(num_messages=self.options.batch_size, timeout=1.0)
+                rows = []
+                for message in messages:
+                    if message.error():
+                        raise KafkaException(message.error())
+                    if message.offset() < end:
+                        rows.append(message)
+                if rows:
+                    yield self._to_arrow(pa, rows)
+                    deadline = time.monotonic() + self.options.poll_timeout_s
+                position = consumer.position([TopicPartition(topic, partition)])[0].offset
+                if position < 0:  # nothing fetched yet
+                    position = start
+                if position < end and not messages and time.monotonic() > deadline:
+                    raise SourceReadError(
+                        f"{FORMAT}: topic {topic} partition {partition}: stuck at offset {position} "
+                        f"before {end} for {self.options.poll_timeout_s:.0f} s"
+                    )
+        finally:
+            consumer.close()
+
+    def _to_arrow(self, pa: Any, messages: list[Any]) -> pa.RecordBatch:
+        stamps = [m.timestamp() for m in messages]
+        columns = [
+            pa.array([m.key() for m in messages], pa.binary()),
+            pa.array([m.value() for m in messages], pa.binary()),
+            pa.array([m.topic() for m in messages], pa.string()),
+            pa.array([m.partition() for m in messages], pa.int32()),
+            pa.array([m.offset() for m in messages], pa.int64()),
+            pa.array([s[1] * 1000 for s in stamps], pa.timestamp("us", tz="UTC")),
+            pa.array([s[0] for s in stamps], pa.int32()),
+        ]
+        names = ["key", "value", "topic", "partition", "offset", "timestamp", "timestampType"]
+        if self.options.include_headers:
+            header_type = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+            columns.append(pa.array([[{"key": k, "value": v} for k, v in (m.headers() or [])] for m in messages], header_type))
+            names.append("headers")
+        return pa.RecordBatch.from_arrays(columns, names=names)
+
+
+def watermarks(options: KafkaSourceOptions) -> dict[tuple[str, int], tuple[int, int]]:
+    """(low, high) per partition of the subscribed topics; with read_committed, high is the last
+    stable offset, so open transactions are never planned into a batch."""
+    from confluent_kafka import TopicPartition
+
+    consumer = options.consumer()
+    try:
+        metadata = consumer.list_topics(timeout=30)
+        out = {}
+        for topic in options.topics:
+            described = metadata.topics.get(topic)
+            if described is None or described.error is not None:
+                raise ConfigError(f"{FORMAT}: topic {topic!r} does not exist")
+            for partition in sorted(described.partitions):
+                out[(topic, partition)] = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
+        return out
+    finally:
+        consumer.close()
+
+
+def register(spark: SparkSession) -> None:
+    """Register the source with a session, as ``spark.readStream.format("oncekit-kafka")``."""
+    from oncekit.sources._spark_kafka import KafkaDataSource
+
+    spark.dataSource.register(KafkaDataSource)

@@ -1,0 +1,60 @@
+"""Shared fixtures: real services started once per session, a fresh topic and table per test.
+
+``ONCEKIT_TEST_BACKEND`` picks the services backend (containers, local, external, auto; the
+Makefile sets containers). A service that cannot start fails the run: nothing here skips.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from oncekit.connectors import KafkaConfig, Services, start_services
+from oncekit.connectors.kafka import create_topic
+
+
+@pytest.fixture(scope="session")
+def services() -> Iterator[Services]:
+    started = start_services(os.environ.get("ONCEKIT_TEST_BACKEND", "auto"))
+    with started.running():
+        yield started
+
+
+@pytest.fixture(scope="session")
+def kafka(services: Services) -> KafkaConfig:
+    return KafkaConfig(services.kafka.bootstrap_servers)
+
+
+@pytest.fixture(scope="session")
+def postgres_dsn(services: Services) -> str:
+    return services.postgres.dsn
+
+
+@pytest.fixture
+def unique_name(request: pytest.FixtureRequest) -> str:
+    """A name no other test uses: the test's own name plus a random suffix."""
+    base = "".join(c if c.isalnum() else "_" for c in request.node.name.lower())[:40]
+    return f"{base}_{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def topic(kafka: KafkaConfig, unique_name: str) -> str:
+    """A fresh two-partition topic for one test."""
+    name = unique_name.replace("_", "-")
+    create_topic(kafka, name, partitions=2)
+    return name
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    from oncekit.core.spark import spark_session
+    from oncekit.sources.kafka import register
+
+    session = spark_session("oncekit-tests")
+    register(session)
+    yield session
+    session.stop()

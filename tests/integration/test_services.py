@@ -1,0 +1,107 @@
+"""The services are real: Kafka transactions, read_committed, prepared transactions, restarts."""
+
+from __future__ import annotations
+
+import time
+
+import psycopg
+import pytest
+from confluent_kafka import Consumer, Producer
+
+from oncekit.connectors import KafkaConfig, Services, start_services
+from oncekit.connectors.kafka import create_topic
+
+pytestmark = pytest.mark.services
+
+
+def read_committed(kafka: KafkaConfig, topic: str, expected: int, timeout_s: float = 30.0) -> list[bytes]:
+    """Every value a read_committed consumer sees in ``topic``: waits for ``expected`` values,
+    then one more second so that extra values would show."""
+    consumer = Consumer(kafka.settings(group_id=f"check-{topic}-{time.monotonic_ns()}", auto_offset_reset="earliest",
+                                       isolation_level="read_committed", enable_auto_commit=False))
+    consumer.subscribe([topic])
+    values: list[bytes] = []
+    deadline = time.monotonic() + timeout_s
+    settle = None
+    try:
+        while time.monotonic() < deadline:
+            for message in consumer.consume(100, timeout=0.5):
+                assert message.error() is None, message.error()
+                values.append(message.value())
+            if len(values) >= expected:
+                settle = settle or time.monotonic() + 1.0
+                if time.monotonic() > settle:
+                    break
+    finally:
+        consumer.close()
+    return values
+
+
+def produce_transactions(kafka: KafkaConfig, topic: str, committed: list[bytes], aborted: list[bytes]) -> None:
+    producer = Producer(kafka.settings(transactional_id=f"test-{topic}"))
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    for value in committed:
+        producer.produce(topic, value=value)
+    producer.commit_transaction(30)
+    producer.begin_transaction()
+    for value in aborted:
+        producer.produce(topic, value=value)
+    producer.flush(30)
+    producer.abort_transaction(30)
+
+
+def test_kafka_transactions_read_committed_sees_only_committed(kafka: KafkaConfig, topic: str) -> None:
+    committed = [f"c{i}".encode() for i in range(50)]
+    produce_transactions(kafka, topic, committed, [f"a{i}".encode() for i in range(50)])
+    assert sorted(read_committed(kafka, topic, len(committed))) == sorted(committed)
+
+
+def test_postgres_prepared_transaction_survives_connection_and_commits_elsewhere(
+    postgres_dsn: str, unique_name: str
+) -> None:
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {unique_name} (v int)")
+    gid = f"oncekit-test:{unique_name}"
+    conn = psycopg.connect(postgres_dsn)
+    conn.execute(f"INSERT INTO {unique_name} VALUES (1), (2)")
+    conn.execute(f"PREPARE TRANSACTION '{gid}'")
+    conn.close()
+    with psycopg.connect(postgres_dsn, autocommit=True) as other:
+        assert other.execute("SELECT count(*) FROM pg_prepared_xacts WHERE gid = %s", (gid,)).fetchone() == (1,)
+        assert other.execute(f"SELECT count(*) FROM {unique_name}").fetchone() == (0,)
+        other.execute(f"COMMIT PREPARED '{gid}'")
+        assert other.execute(f"SELECT v FROM {unique_name} ORDER BY v").fetchall() == [(1,), (2,)]
+        assert other.execute("SELECT count(*) FROM pg_prepared_xacts WHERE gid = %s", (gid,)).fetchone() == (0,)
+
+
+def test_kafka_restart_keeps_committed_transaction(services: Services, kafka: KafkaConfig, topic: str) -> None:
+    committed = [f"before-restart-{i}".encode() for i in range(20)]
+    produce_transactions(kafka, topic, committed, [b"aborted"])
+    services.kafka.restart()
+    assert sorted(read_committed(kafka, topic, len(committed))) == sorted(committed)
+
+
+def test_postgres_network_cut_refuses_then_reconnect_serves(services: Services, postgres_dsn: str) -> None:
+    services.postgres.disconnect()
+    try:
+        with pytest.raises(psycopg.OperationalError):
+            psycopg.connect(postgres_dsn, connect_timeout=3).close()
+    finally:
+        services.postgres.reconnect()
+    services.postgres.wait_ready(60)
+    with psycopg.connect(postgres_dsn) as conn:
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_local_backend_runs_real_kafka_and_postgres() -> None:
+    """The local-process backend (no container engine): the same checks in miniature."""
+    local = start_services("local")
+    with local.running():
+        kafka = KafkaConfig(local.kafka.bootstrap_servers)
+        create_topic(kafka, "local-smoke", partitions=1)
+        produce_transactions(kafka, "local-smoke", [b"kept"], [b"dropped"])
+        assert read_committed(kafka, "local-smoke", 1) == [b"kept"]
+        with psycopg.connect(local.postgres.dsn, autocommit=True) as conn:
+            value = conn.execute("SHOW max_prepared_transactions").fetchone()
+            assert value is not None and int(value[0]) > 0

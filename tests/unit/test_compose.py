@@ -1,0 +1,34 @@
+"""Static checks of docker/docker-compose.yml: it parses and carries the settings oncekit needs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from oncekit.connectors.kafka import KAFKA_VERSION
+
+COMPOSE = Path(__file__).resolve().parents[2] / "docker" / "docker-compose.yml"
+
+
+def test_compose_kafka_has_single_broker_transaction_settings() -> None:
+    kafka = yaml.safe_load(COMPOSE.read_text())["services"]["kafka"]
+    env = kafka["environment"]
+    assert kafka["image"] == f"apache/kafka:{KAFKA_VERSION}"
+    assert env["KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR"] == "1"
+    assert env["KAFKA_TRANSACTION_STATE_LOG_MIN_ISR"] == "1"
+    assert env["KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR"] == "1"
+    assert "broker" in env["KAFKA_PROCESS_ROLES"] and "controller" in env["KAFKA_PROCESS_ROLES"]
+
+
+def test_compose_postgres_allows_prepared_transactions() -> None:
+    postgres = yaml.safe_load(COMPOSE.read_text())["services"]["postgres"]
+    command = postgres["command"]
+    settings = [command[i + 1] for i, arg in enumerate(command) if arg == "-c"]
+    (value,) = [s.split("=")[1] for s in settings if s.startswith("max_prepared_transactions=")]
+    assert int(value) > 0
+
+
+def test_pom_pins_the_same_kafka_release() -> None:
+    pom = (COMPOSE.parent / "kafka" / "pom.xml").read_text()
+    assert f"<kafka.version>{KAFKA_VERSION}</kafka.version>" in pom

@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+import pytest
+
+from oncekit.core.errors import ConfigError
+from oncekit.sources.kafka import KafkaSourceOptions, _resolve
+
+BASE = {"kafka.bootstrap.servers": "b:9092", "subscribe": "a, b"}
+
+
+def test_parse_defaults_to_read_committed_and_earliest() -> None:
+    options = KafkaSourceOptions.parse(BASE)
+    assert options.topics == ("a", "b")
+    assert options.client["isolation.level"] == "read_committed"
+    assert options.starting_offsets == "earliest"
+    assert options.fail_on_data_loss is True
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"subscribe": "a"}, "kafka.bootstrap.servers"),
+        ({"kafka.bootstrap.servers": "b:1"}, "subscribe"),
+        ({**BASE, "maxOffsetsPerTrigger": "ten"}, "maxOffsetsPerTrigger"),
+        ({**BASE, "maxOffsetsPerTrigger": "0"}, "positive"),
+        ({**BASE, "kafka.isolation.level": "dirty"}, "isolation.level"),
+    ],
+)
+def test_parse_bad_option_names_it(options: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        KafkaSourceOptions.parse(options)
+
+
+def test_parse_repr_hides_sasl_password() -> None:
+    options = KafkaSourceOptions.parse({**BASE, "kafka.sasl.password": "s3cr3t"})
+    assert "s3cr3t" not in repr(options)
+
+
+MARKS = {("t", 0): (5, 50), ("t", 1): (0, 7)}
+
+
+def test_resolve_earliest_latest_and_json() -> None:
+    assert _resolve("earliest", MARKS, "startingOffsets") == {"t": {"0": 5, "1": 0}}
+    assert _resolve("latest", MARKS, "startingOffsets") == {"t": {"0": 50, "1": 7}}
+    assert _resolve('{"t": {"0": 20, "1": -1}}', MARKS, "startingOffsets") == {"t": {"0": 20, "1": 7}}
+
+
+def test_resolve_bad_json_is_config_error() -> None:
+    with pytest.raises(ConfigError, match="startingOffsets"):
+        _resolve("{nope", MARKS, "startingOffsets")

@@ -1,0 +1,29 @@
+"""The wheel holds the oncekit packages and py.typed, and nothing else of the repository."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_wheel_holds_only_oncekit_packages(tmp_path: Path) -> None:
+    # Build from a copy: setuptools leaves build/ and *.egg-info beside the sources.
+    source = tmp_path / "src"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".venv", ".oncekit", ".git", "target", "__pycache__"))
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(source)],
+        check=True,
+    )
+    (wheel,) = tmp_path.glob("oncekit-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    top = {name.split("/")[0] for name in names}
+    assert top == {"oncekit", wheel.name.split("-py")[0] + ".dist-info"}
+    packages = {name.rsplit("/", 1)[0] for name in names if name.endswith(".py")}
+    assert packages == {"oncekit", "oncekit/core", "oncekit/sources", "oncekit/sinks", "oncekit/connectors"}
+    assert "oncekit/py.typed" in names
+    assert not [n for n in names if "tests" in n or "docker" in n.split("/")[1:2] or n.endswith((".yml", ".sh", ".xml"))]
