@@ -1,0 +1,97 @@
+"""The thin Spark adapter: one stream writer class that runs any oncekit sink under the engine.
+
+Where each method runs (checked on PySpark 4.3): Spark creates the writer in a Python worker on
+the driver machine before every batch (to ship it to the tasks) and again for every driver-side
+commit or abort; ``write`` runs in tasks on the executors. None of these processes has a
+SparkSession, so the writer carries only the sink's configuration and the checkpoint location,
+and every step reaches the journal through storage.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
+
+from oncekit.core.base import Committable, TaskInfo
+from oncekit.core.engine import CheckpointEngine
+from oncekit.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql.types import StructType
+
+    from oncekit.sinks.base import SinkConfig
+
+logger = logging.getLogger(__name__)
+
+# Spark's local property that tells a task which micro-batch it belongs to.
+BATCH_ID_PROPERTY = "streaming.sql.batchId"
+
+_preflighted: set[tuple[str, str]] = set()
+
+
+class EngineCommitMessage(WriterCommitMessage):
+    """What a task hands to the driver: its committable, or None when there is nothing to commit."""
+
+    def __init__(self, committable: Committable | None) -> None:
+        self.committable = committable
+
+
+def checkpoint_of(options: dict[str, str], sink: str) -> str:
+    checkpoint = options.get("checkpointlocation")
+    if not checkpoint:
+        raise ConfigError(f"{sink}: the query needs a checkpointLocation; oncekit keeps its journal beside it")
+    return checkpoint
+
+
+class EngineStreamWriter(DataSourceStreamArrowWriter):
+    """Spark's stream writer for every oncekit sink; the protocol logic lives in the engine."""
+
+    def __init__(self, config: SinkConfig, checkpoint: str) -> None:
+        self.config, self.checkpoint = config, checkpoint
+        engine = self._engine()
+        key = (config.sink_id, checkpoint)
+        if key not in _preflighted:
+            engine.sink.preflight()
+            _preflighted.add(key)
+        report = engine.recover()
+        if report.committed_batches or report.aborted_batches or report.aborted_leftovers:
+            logger.warning("sink %s recovery: committed batches %s, aborted batches %s, aborted leftovers %s",
+                           config.sink_id, report.committed_batches, report.aborted_batches, report.aborted_leftovers)
+
+    def _engine(self) -> CheckpointEngine:
+        return CheckpointEngine(self.config.build(self.checkpoint), self.checkpoint)
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        """Task: write this partition of the batch through the sink."""
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        if context is None:
+            raise ConfigError(f"sink {self.config.sink_id}: write() ran outside a Spark task")
+        batch = context.getLocalProperty(BATCH_ID_PROPERTY)
+        if batch is None:
+            raise ConfigError(f"sink {self.config.sink_id}: oncekit sinks run in streaming queries only")
+        task = TaskInfo(self.config.sink_id, int(batch), context.partitionId(), context.attemptNumber())
+        return EngineCommitMessage(self._engine().write_task(task, iterator))
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        """Driver: every task succeeded; journal the batch before Spark logs it as committed."""
+        self._engine().checkpoint(batchId, _committables(messages))
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        """Driver: the batch failed; abort what its tasks pre-committed."""
+        self._engine().abort(batchId, _committables(messages))
+
+
+def _committables(messages: list[Any]) -> list[Committable]:
+    return [m.committable for m in messages if isinstance(m, EngineCommitMessage) and m.committable is not None]
+
+
+def stream_writer(config_type: type[SinkConfig], options: dict[str, str], schema: StructType) -> EngineStreamWriter:
+    """What a sink's DataSource.streamWriter returns."""
+    config = config_type.from_options(options, tuple(schema.fieldNames()))
+    return EngineStreamWriter(config, checkpoint_of(options, config_type.format_name))

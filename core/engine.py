@@ -1,0 +1,150 @@
+"""The checkpoint engine: ties a sink's commits to Spark's checkpoint completion.
+
+The commit sequence of one batch N (checkpoint id = Spark batch id):
+
+1. Tasks pre-commit (prepare a transaction, stage rows) and return committables
+   (:meth:`CheckpointEngine.write_task`).
+2. Spark calls the stream writer's driver-side commit; :meth:`CheckpointEngine.checkpoint`
+   journals the committables under ``<checkpoint>/oncekit/<sink>/`` and returns.
+3. Spark writes ``commits/N``: the checkpoint is complete.
+4. A notification for N commits every journaled batch up to N that Spark logged as committed
+   (:meth:`CheckpointEngine.complete`): from the query listener, from the recovery that runs
+   before the next batch, or when the query stops. Notifications may be late, repeated or lost;
+   commits are idempotent.
+5. Recovery (:meth:`CheckpointEngine.recover`) runs whenever the stream writer is created on the
+   driver, which Spark does before every batch and before every driver commit: it commits what
+   belongs to completed checkpoints, aborts what belongs to checkpoints that did not complete,
+   and aborts leftovers of failed task attempts and earlier runs.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from oncekit.core.base import Committable, Sink, TaskInfo
+from oncekit.core.crash import crash_point
+from oncekit.core.journal import Journal, SparkCheckpoint
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RecoveryReport:
+    committed_batches: list[int] = field(default_factory=list)
+    aborted_batches: list[int] = field(default_factory=list)
+    aborted_leftovers: list[str] = field(default_factory=list)
+
+
+class CheckpointEngine:
+    """Driver-side coordination of one sink of one query; the task side is :meth:`write_task`.
+
+    Safe to run from several processes at once (listener, driver worker, tasks): every step is
+    idempotent, and recovery never touches what a running batch may still commit.
+    """
+
+    def __init__(self, sink: Sink, checkpoint: str) -> None:
+        self.sink = sink
+        self.spark = SparkCheckpoint(checkpoint)
+        self.journal = Journal(checkpoint, sink.sink_id)
+
+    # -- task side ---------------------------------------------------------------------------
+
+    def write_task(self, task: TaskInfo, batches: Iterator[pa.RecordBatch]) -> Committable | None:
+        """Task: write one partition of one batch through the sink, with the task crash points."""
+        crash_point("task_before_write", task.batch_id, task.partition_id)
+        committable = self.sink.write_partition(task, batches)
+        crash_point("task_after_pre_commit", task.batch_id, task.partition_id)
+        return committable
+
+    # -- driver side -------------------------------------------------------------------------
+
+    def checkpoint(self, batch_id: int, committables: Sequence[Committable]) -> None:
+        """Driver, in the stream writer's commit for ``batch_id``, before Spark's commit log:
+        catch up on earlier completed checkpoints, journal this one, drop lost attempts."""
+        self.complete(batch_id - 1)
+        self.journal.write(batch_id, committables)
+        logger.info("sink %s batch %s: journaled %s committables", self.sink.sink_id, batch_id, len(committables))
+        crash_point("driver_after_journal", batch_id)
+        kept = {c.transaction_id for c in committables}
+        lost = [c for c in self.sink.leftovers([batch_id]) if c.transaction_id not in kept]
+        if lost:
+            self.sink.abort_batch(batch_id, lost)
+
+    def abort(self, batch_id: int, committables: Sequence[Committable]) -> None:
+        """Driver, in the stream writer's abort: Spark gave up on ``batch_id``."""
+        leftovers = self.sink.leftovers([batch_id])
+        known = {c.transaction_id for c in committables}
+        self.sink.abort_batch(batch_id, [*committables, *(c for c in leftovers if c.transaction_id not in known)])
+
+    def complete(self, up_to: int | None = None) -> list[int]:
+        """Checkpoint-complete notification: commit every journaled, not yet committed batch
+        up to ``up_to`` (all if None) that Spark logged as committed. Returns those batch ids."""
+        journaled, done = self.journal.entries()
+        candidates = sorted(b for b in journaled - done if up_to is None or b <= up_to)
+        if not candidates:
+            return []
+        completed = self.spark.completed()
+        committed = []
+        for batch_id in candidates:
+            if batch_id in completed:
+                self._commit(batch_id)
+                committed.append(batch_id)
+        return committed
+
+    def recover(self) -> RecoveryReport:
+        """Driver, when the stream writer is created (before every batch and every driver commit).
+
+        - journaled batches Spark logged as committed: committed (recover_and_commit);
+        - journaled batches Spark did not log: aborted and forgotten (Spark re-runs them);
+        - open transactions or staged files no journal names: aborted, unless they belong to the
+          newest planned batch while it is still running (its driver commit is about to come).
+        """
+        report = RecoveryReport()
+        completed = self.spark.completed()
+        latest = self.spark.latest_planned()
+        journaled, done = self.journal.entries()
+        named: set[str] = set()
+        for batch_id in sorted(journaled - done):
+            committables = self.journal.read(batch_id)
+            if batch_id in completed:
+                self._commit(batch_id, committables)
+                report.committed_batches.append(batch_id)
+                named.update(c.transaction_id for c in committables)
+            else:
+                logger.warning("sink %s batch %s: checkpoint never completed; aborting %s committables",
+                               self.sink.sink_id, batch_id, len(committables))
+                self.sink.abort_batch(batch_id, committables)
+                self.journal.delete(batch_id)
+                report.aborted_batches.append(batch_id)
+        orphans = [
+            c for c in self.sink.leftovers()
+            if c.transaction_id not in named and not (c.batch_id == latest and c.batch_id not in completed)
+        ]
+        for batch_id in sorted({c.batch_id for c in orphans}):
+            lost = [c for c in orphans if c.batch_id == batch_id]
+            self.sink.abort_batch(batch_id, lost)
+            report.aborted_leftovers.extend(c.transaction_id for c in lost)
+        self._prune(completed, journaled & done)
+        return report
+
+    def _commit(self, batch_id: int, committables: Sequence[Committable] | None = None) -> None:
+        crash_point("before_notify", batch_id)
+        if committables is None:
+            committables = self.journal.read(batch_id)
+        self.sink.commit_batch(batch_id, committables, crash_point)
+        self.journal.mark_done(batch_id)
+
+    def _prune(self, completed: set[int], done: set[int]) -> None:
+        """Forget finished batches older than the oldest commit Spark still keeps."""
+        if not completed:
+            return
+        oldest = min(completed)
+        for batch_id in done:
+            if batch_id < oldest:
+                self.journal.delete(batch_id)

@@ -1,0 +1,145 @@
+"""Starting queries with oncekit sinks, and the checkpoint-complete listener.
+
+``start_query`` registers the sinks' Spark formats, attaches one :class:`CheckpointListener` per
+SparkSession and starts the query. The listener runs in the user's driver process, where Spark
+delivers query progress; it reaches the journal through storage, like everything else.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql.streaming import StreamingQueryListener
+
+from oncekit.core.engine import CheckpointEngine
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming import StreamingQuery
+
+    from oncekit.sinks.base import SinkConfig
+
+logger = logging.getLogger(__name__)
+
+
+class CheckpointListener(StreamingQueryListener):
+    """Delivers checkpoint-complete notifications: on every progress event, commits every
+    journaled batch up to the reported one; when the query stops, commits all that completed."""
+
+    def __init__(self) -> None:
+        self._watched: dict[str, list[tuple[SinkConfig, str]]] = {}
+        self._lock = threading.Lock()
+
+    def watch(self, query_id: str, config: SinkConfig, checkpoint: str) -> None:
+        with self._lock:
+            self._watched.setdefault(query_id, []).append((config, checkpoint))
+
+    def _notify(self, query_id: str, up_to: int | None) -> None:
+        with self._lock:
+            watched = list(self._watched.get(query_id, []))
+        for config, checkpoint in watched:
+            try:
+                committed = CheckpointEngine(config.build(checkpoint), checkpoint).complete(up_to)
+                if committed:
+                    logger.info("sink %s: checkpoints %s complete and committed", config.sink_id, committed)
+            except Exception as exc:  # the next batch's recovery retries; never kill the listener thread
+                logger.error("sink %s: checkpoint-complete notification up to batch %s failed: %s",
+                             config.sink_id, up_to, exc)
+
+    def onQueryStarted(self, event: Any) -> None:
+        pass
+
+    def onQueryProgress(self, event: Any) -> None:
+        self._notify(str(event.progress.id), event.progress.batchId)
+
+    def onQueryIdle(self, event: Any) -> None:
+        pass
+
+    def onQueryTerminated(self, event: Any) -> None:
+        self._notify(str(event.id), None)
+        with self._lock:
+            self._watched.pop(str(event.id), None)
+
+
+_listeners: dict[int, CheckpointListener] = {}
+
+
+def register_sinks(spark: SparkSession) -> None:
+    """Make ``df.writeStream.format("oncekit-postgres")`` (and the other sinks) known to ``spark``."""
+    from oncekit.sinks._spark import DATA_SOURCES
+
+    for source in DATA_SOURCES:
+        spark.dataSource.register(source)
+
+
+def listener(spark: SparkSession) -> CheckpointListener:
+    """The session's checkpoint listener, attached on first use."""
+    key = id(spark)
+    if key not in _listeners:
+        _listeners[key] = CheckpointListener()
+        spark.streams.addListener(_listeners[key])
+    return _listeners[key]
+
+
+class OncekitQuery:
+    """A started query whose ``stop`` and ``await_termination`` end with a synchronous
+    checkpoint-complete notification, so that once they return, every completed checkpoint's
+    output is committed. Everything else is the StreamingQuery's own."""
+
+    def __init__(self, query: StreamingQuery, sink: SinkConfig, checkpoint: str) -> None:
+        self.query, self.sink, self.checkpoint = query, sink, checkpoint
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.query, name)
+
+    def complete(self) -> list[int]:
+        """Commit every journaled checkpoint that Spark logged as committed."""
+        return CheckpointEngine(self.sink.build(self.checkpoint), self.checkpoint).complete()
+
+    def stop(self) -> None:
+        self.query.stop()
+        self.complete()
+
+    def await_termination(self, timeout: float | None = None) -> bool:
+        """Like StreamingQuery.awaitTermination; raises the query's error if it failed."""
+        finished = self.query.awaitTermination(timeout) if timeout is not None else self.query.awaitTermination()
+        if finished is None or finished:
+            self.complete()
+            return True
+        return False
+
+
+def start_query(
+    frame: DataFrame,
+    sink: SinkConfig,
+    checkpoint: str,
+    *,
+    trigger: dict[str, Any] | None = None,
+    query_name: str | None = None,
+    output_mode: str = "append",
+    notify: bool = True,
+) -> OncekitQuery:
+    """Start ``frame`` into ``sink`` with checkpoint-complete notifications.
+
+    ``trigger`` takes DataStreamWriter.trigger's keywords (``{"availableNow": True}``).
+    With ``notify=False`` no listener is attached (as with a plain ``format(...)`` query):
+    completion then reaches the sink when the next batch starts.
+    """
+    spark = frame.sparkSession
+    register_sinks(spark)
+    if "://" not in checkpoint and not checkpoint.startswith("file:"):
+        checkpoint = os.path.abspath(checkpoint)
+    writer = (frame.writeStream.format(sink.format_name).options(**sink.to_options())
+              .option("checkpointLocation", checkpoint).outputMode(output_mode))
+    if trigger:
+        writer = writer.trigger(**trigger)
+    if query_name:
+        writer = writer.queryName(query_name)
+    watcher = listener(spark) if notify else None
+    query = writer.start()
+    if watcher is not None:
+        watcher.watch(str(query.id), sink, checkpoint)
+    return OncekitQuery(query, sink, checkpoint)

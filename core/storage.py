@@ -1,0 +1,59 @@
+"""Files under a Spark checkpoint location, through pyarrow's filesystems.
+
+The journal and the write-ahead log are read and written from Python processes that have no
+SparkSession (Spark's driver-side Python workers, executors), so they cannot use Hadoop's
+filesystem through the JVM. pyarrow reaches the same local, HDFS and S3 locations.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyarrow.fs import FileSystem
+
+
+def filesystem(location: str) -> tuple[FileSystem, str]:
+    """The filesystem and the path within it for a Spark checkpoint location
+    (``/path``, ``file:/path``, ``hdfs://...``, ``s3a://...``)."""
+    from pyarrow import fs
+
+    if "://" not in location and not location.startswith("file:"):
+        return fs.LocalFileSystem(), location.rstrip("/")
+    if location.startswith("file:") and not location.startswith("file://"):
+        location = "file://" + location[len("file:"):]
+    if location.startswith(("s3a://", "s3n://")):
+        location = "s3://" + location.split("://", 1)[1]
+    filesystem_, path = fs.FileSystem.from_uri(location)
+    return filesystem_, path.rstrip("/")
+
+
+def write_atomically(fs: FileSystem, path: str, data: bytes) -> None:
+    """Write a whole file or nothing: to a temporary name, then move it into place."""
+    parent = path.rsplit("/", 1)[0]
+    fs.create_dir(parent, recursive=True)
+    temporary = f"{parent}/.{path.rsplit('/', 1)[1]}.{uuid.uuid4().hex}.tmp"
+    with fs.open_output_stream(temporary) as out:
+        out.write(data)
+    fs.move(temporary, path)
+
+
+def read_bytes(fs: FileSystem, path: str) -> bytes:
+    with fs.open_input_stream(path) as source:
+        return bytes(source.read())
+
+
+def list_names(fs: FileSystem, directory: str) -> list[str]:
+    """Base names of the entries of ``directory``; empty when it does not exist."""
+    from pyarrow.fs import FileSelector
+
+    infos = fs.get_file_info(FileSelector(directory, allow_not_found=True))
+    return [info.base_name for info in infos]
+
+
+def delete_file(fs: FileSystem, path: str) -> None:
+    try:
+        fs.delete_file(path)
+    except FileNotFoundError:
+        pass

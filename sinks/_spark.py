@@ -1,0 +1,21 @@
+"""Spark data sources for oncekit's sinks: ``df.writeStream.format("oncekit-postgres")``."""
+
+from __future__ import annotations
+
+from pyspark.sql.datasource import DataSource, DataSourceStreamWriter
+from pyspark.sql.types import StructType
+
+from oncekit.core.adapter import stream_writer
+from oncekit.sinks.postgres import PostgresSinkConfig
+
+
+class PostgresDataSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return PostgresSinkConfig.format_name
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        return stream_writer(PostgresSinkConfig, dict(self.options), schema)  # type: ignore[return-value]
+
+
+DATA_SOURCES: tuple[type[DataSource], ...] = (PostgresDataSource,)
