@@ -207,7 +207,7 @@ class LocalPostgres(PostgresService):
             _chown_postgres(path)
         result = subprocess.run(
             _as_postgres_user([initdb, "-D", str(data_dir / "data"), "-U", "oncekit", f"--pwfile={pwfile}",
-                               "-A", "scram-sha-256", "--no-sync"]),
+                               "-A", "scram-sha-256", "--encoding=UTF8", "--locale=C", "--no-sync"]),
             capture_output=True, text=True, check=False,
         )
         pwfile.unlink()

@@ -75,7 +75,9 @@ class EngineStreamWriter(DataSourceStreamArrowWriter):
         batch = context.getLocalProperty(BATCH_ID_PROPERTY)
         if batch is None:
             raise ConfigError(f"sink {self.config.sink_id}: oncekit sinks run in streaming queries only")
-        task = TaskInfo(self.config.sink_id, int(batch), context.partitionId(), context.attemptNumber())
+        # taskAttemptId, unlike attemptNumber, differs between a killed task still finishing in the
+        # background and the attempt that replaces it, so their transactions never share a name.
+        task = TaskInfo(self.config.sink_id, int(batch), context.partitionId(), context.taskAttemptId())
         return EngineCommitMessage(self._engine().write_task(task, iterator))
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:

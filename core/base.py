@@ -68,7 +68,8 @@ class CommitError(OncekitError):
 
 @dataclass(frozen=True)
 class TaskInfo:
-    """Where a task writes: the sink, the checkpoint (= Spark batch id), the partition, the attempt."""
+    """Where a task writes: the sink, the checkpoint (= Spark batch id), the partition, and the
+    attempt (Spark's task attempt id: unique among all task attempts of the application)."""
 
     sink_id: str
     batch_id: int

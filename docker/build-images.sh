@@ -9,8 +9,11 @@ root=$(cd "$here/.." && pwd)
 state="$root/.oncekit"
 export CONTAINERS_CONF="${CONTAINERS_CONF:-$here/podman/containers.conf}"
 kafka_version=$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$here/kafka/pom.xml")
-kafka_image="localhost/oncekit-kafka:$kafka_version"
-postgres_image="localhost/oncekit-postgres:15"
+# The tag follows what goes into the images, so a changed entrypoint or pom builds anew.
+recipe=$(cat "$0" "$here"/kafka/pom.xml "$here"/kafka/entrypoint.sh "$here"/kafka/log4j2.properties \
+  "$here"/postgres/entrypoint.sh | sha256sum | cut -c1-10)
+kafka_image="localhost/oncekit-kafka:$kafka_version-$recipe"
+postgres_image="localhost/oncekit-postgres:15-$recipe"
 mkdir -p "$state"
 echo "$kafka_image" > "$state/kafka-image"
 echo "$postgres_image" > "$state/postgres-image"

@@ -45,6 +45,7 @@ FORMAT = "oncekit-postgres"
 PROTOCOLS = ("two-phase-commit", "write-ahead-log", "idempotent", "at-least-once")
 MARKER_TABLE = "oncekit_markers"
 CHECKPOINT_TABLE = "oncekit_checkpoints"
+LOCK_TIMEOUT_S = 60
 _SINK_ID = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
 
 
@@ -185,6 +186,13 @@ class _TableWriter:
         try:
             with self.conn.transaction():  # a savepoint: a refused batch leaves the transaction usable
                 self._apply(batch)
+        except psycopg.errors.LockNotAvailable as exc:
+            raise OncekitError(
+                f"{FORMAT} sink {self.task.sink_id} batch {self.task.batch_id} partition {self.task.partition_id}: "
+                f"waited {LOCK_TIMEOUT_S} s for rows another transaction holds: two partitions of one batch write "
+                "the same key (repartition the stream by the key columns), or a lost attempt left a prepared "
+                "transaction (the restart's recovery aborts it)"
+            ) from exc
         except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as exc:
             if self.sink.config.dead_letter_table is None:
                 raise self._bad_record(exc, batch) from exc
@@ -266,12 +274,19 @@ class _PostgresSink(Sink):
         return f"{type(self).__name__}({self.config!r})"
 
     def connect(self, autocommit: bool = False) -> psycopg.Connection[Any]:
+        """A connection whose statements give up after waiting LOCK_TIMEOUT for a lock: a task
+        blocked by a prepared transaction of a lost attempt fails (and is retried, or the query
+        restarts and recovery aborts that transaction) instead of waiting forever."""
         import psycopg
 
         try:
-            return psycopg.connect(self.config.dsn, autocommit=autocommit, connect_timeout=30)
+            conn = psycopg.connect(self.config.dsn, autocommit=autocommit, connect_timeout=30)
         except psycopg.OperationalError as exc:
             raise OncekitError(f"{FORMAT} sink {self.sink_id}: cannot connect: {redact_dsn(str(exc)).strip()}") from exc
+        conn.execute(f"SET lock_timeout = '{LOCK_TIMEOUT_S}s'")
+        if not autocommit:
+            conn.commit()
+        return conn
 
     def preflight(self) -> None:
         """Driver, at query start: the target exists with the stream's columns and keys, and the
@@ -453,22 +468,24 @@ class PostgresTwoPhaseCommitSink(_PostgresSink, TwoPhaseCommitSink["_PreparedTra
     def leftovers(self, batch_ids: Iterable[int] | None = None, conn: psycopg.Connection[Any] | None = None) -> list[Committable]:
         """Prepared transactions of this sink in this database (``pg_prepared_xacts``)."""
         wanted = None if batch_ids is None else set(batch_ids)
+        prefix = f"oncekit:{self.sink_id}:"
         own = conn is None
         conn = conn or self.connect(autocommit=True)
         try:
-            prefix = f"oncekit:{self.sink_id}:"
-            database = conn.info.dbname
-            out = []
-            for xid in conn.tpc_recover():
-                if xid.database != database or not xid.gtrid.startswith(prefix):
-                    continue
-                batch, partition, attempt = (int(p) for p in xid.gtrid[len(prefix):].split(":"))
-                if wanted is None or batch in wanted:
-                    out.append(Committable(self.sink_id, batch, partition, attempt, xid.gtrid, 0))
-            return out
+            found = conn.execute(
+                "SELECT gid FROM pg_prepared_xacts WHERE database = current_database() AND starts_with(gid, %s)",
+                (prefix,),
+            ).fetchall()
         finally:
             if own:
                 conn.close()
+        out = []
+        for (gid,) in found:
+            gid = gid.decode() if isinstance(gid, bytes) else gid  # SQL_ASCII databases answer bytes
+            batch, partition, attempt = (int(p) for p in gid[len(prefix):].split(":"))
+            if wanted is None or batch in wanted:
+                out.append(Committable(self.sink_id, batch, partition, attempt, gid, 0))
+        return out
 
 
 @dataclass

@@ -7,14 +7,19 @@ Makefile sets containers). A service that cannot start fails the run: nothing he
 from __future__ import annotations
 
 import os
+import tempfile
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
-import pytest
+# Crash points read this once, at import, in every process: set it before Spark starts workers.
+os.environ.setdefault("ONCEKIT_CRASH_DIR", tempfile.mkdtemp(prefix="oncekit-crash-"))
 
-from oncekit.connectors import KafkaConfig, Services, start_services
-from oncekit.connectors.kafka import create_topic
+import pytest  # noqa: E402
+
+from oncekit.connectors import KafkaConfig, Services, start_services  # noqa: E402
+from oncekit.connectors.kafka import create_topic  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -58,3 +63,18 @@ def spark() -> Iterator[Any]:
     register(session)
     yield session
     session.stop()
+
+
+@pytest.fixture
+def crash_dir() -> Iterator[Path]:
+    """The crash-point folder, empty before and after the test (an armed point that did not
+    fire must not fire in a later test)."""
+    directory = Path(os.environ["ONCEKIT_CRASH_DIR"])
+
+    def clear() -> None:
+        for path in directory.glob("*"):
+            path.unlink()
+
+    clear()
+    yield directory
+    clear()

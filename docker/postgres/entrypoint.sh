@@ -15,7 +15,8 @@ fi
 if [ ! -s "$PGDATA/PG_VERSION" ]; then
   pwfile=$(mktemp)
   printf '%s' "${POSTGRES_PASSWORD:?POSTGRES_PASSWORD is required}" > "$pwfile"
-  "$bin/initdb" -D "$PGDATA" -U "$user" --pwfile="$pwfile" -A scram-sha-256 --no-sync >/dev/null
+  "$bin/initdb" -D "$PGDATA" -U "$user" --pwfile="$pwfile" --auth-local=trust --auth-host=scram-sha-256 \
+    --encoding=UTF8 --locale=C --no-sync >/dev/null
   rm -f "$pwfile"
   echo "host all all all scram-sha-256" >> "$PGDATA/pg_hba.conf"
   if [ "$db" != "postgres" ]; then

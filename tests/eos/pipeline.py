@@ -1,0 +1,60 @@
+"""The test pipeline of the exactly-once suite: unique integers from Kafka into a sink.
+
+Input is ``count`` records, values "0".."count-1", spread over the topic's partitions and
+produced in one committed transaction (plus an aborted one that must never arrive).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from confluent_kafka import Producer
+
+from oncekit.connectors import KafkaConfig
+from oncekit.core.query import OncekitQuery, start_query
+from oncekit.sinks.base import SinkConfig
+
+
+def produce_input(kafka: KafkaConfig, topic: str, count: int, partitions: int = 2) -> list[int]:
+    producer = Producer(kafka.settings(transactional_id=f"input-{topic}", linger_ms=5))
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    for i in range(count):
+        producer.produce(topic, value=str(i).encode(), partition=i % partitions)
+    producer.commit_transaction(30)
+    producer.begin_transaction()
+    for i in range(count, count + 50):
+        producer.produce(topic, value=str(i).encode(), partition=i % partitions)
+    producer.flush(30)
+    producer.abort_transaction(30)
+    return list(range(count))
+
+
+def integers(spark: Any, kafka: KafkaConfig, topic: str, per_batch: int) -> Any:
+    """The stream: one row (id, payload) per input record."""
+    return (
+        spark.readStream.format("oncekit-kafka")
+        .option("kafka.bootstrap.servers", kafka.bootstrap_servers)
+        .option("subscribe", topic)
+        .option("maxOffsetsPerTrigger", str(per_batch))
+        .load()
+        .selectExpr("CAST(CAST(value AS STRING) AS INT) AS id", "CAST(value AS STRING) AS payload")
+    )
+
+
+def run_available_now(frame: Any, sink: SinkConfig, checkpoint: str, notify: bool = False) -> OncekitQuery:
+    """Run the stream until the input is drained; raises if the query fails (a crash)."""
+    query = start_query(frame, sink, checkpoint, trigger={"availableNow": True}, notify=notify)
+    query.await_termination()
+    return query
+
+
+def table_ids(dsn: str, table: str) -> list[int]:
+    with psycopg.connect(dsn) as conn:
+        return [row[0] for row in conn.execute(f"SELECT id FROM {table}")]
+
+
+def prepared_transactions(dsn: str) -> list[str]:
+    with psycopg.connect(dsn) as conn:
+        return [row[0] for row in conn.execute("SELECT gid FROM pg_prepared_xacts")]
