@@ -52,7 +52,7 @@ def run(services: Services, records: int = 1000) -> dict[str, Any]:
     from oncekit.core.query import start_query
     from oncekit.core.spark import spark_session
     from oncekit.sinks.postgres import postgres_sink
-    from oncekit.sources.kafka import register
+    from oncekit.sources.kafka import kafka_stream
 
     kafka = KafkaConfig(services.kafka.bootstrap_servers)
     create_topic(kafka, TOPIC, partitions=2)
@@ -62,16 +62,9 @@ def run(services: Services, records: int = 1000) -> dict[str, Any]:
     committed = produce(kafka, records)
 
     spark = spark_session("oncekit-demo")
-    register(spark)
     dsn = services.postgres.dsn
-    stream = (
-        spark.readStream.format("oncekit-kafka")
-        .option("kafka.bootstrap.servers", kafka.bootstrap_servers)
-        .option("subscribe", TOPIC)
-        .option("maxOffsetsPerTrigger", str(max(1, records // 4)))
-        .load()
-        .selectExpr("topic", "partition", "offset AS kafka_offset", "CAST(value AS STRING) AS value")
-    )
+    stream = kafka_stream(spark, kafka.bootstrap_servers, TOPIC, max_offsets_per_trigger=max(1, records // 4)).selectExpr(
+        "topic", "partition", "offset AS kafka_offset", "CAST(value AS STRING) AS value")
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="oncekit-demo-") as checkpoint:
         sink = postgres_sink(dsn, TABLE, "two-phase-commit")

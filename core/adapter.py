@@ -58,9 +58,11 @@ class EngineStreamWriter(DataSourceStreamArrowWriter):
             engine.sink.preflight()
             _preflighted.add(key)
         report = engine.recover()
-        if report.committed_batches or report.aborted_batches or report.aborted_leftovers:
-            logger.warning("sink %s recovery: committed batches %s, aborted batches %s, aborted leftovers %s",
-                           config.sink_id, report.committed_batches, report.aborted_batches, report.aborted_leftovers)
+        if report.committed_batches:  # the usual catch-up of the previous batch
+            logger.info("sink %s: committed completed batches %s", config.sink_id, report.committed_batches)
+        if report.aborted_batches or report.aborted_leftovers:
+            logger.warning("sink %s recovery: aborted batches %s and leftovers %s", config.sink_id,
+                           report.aborted_batches, report.aborted_leftovers)
 
     def _engine(self) -> CheckpointEngine:
         return CheckpointEngine(self.config.build(self.checkpoint), self.checkpoint)

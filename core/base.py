@@ -29,6 +29,8 @@ from oncekit.core.errors import OncekitError
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from oncekit.core.staging import StagedFiles
+
 logger = logging.getLogger(__name__)
 
 
@@ -207,34 +209,34 @@ class TwoPhaseCommitSink(Sink, Generic[TxnT]):
 
 class WriteAheadSink(Sink):
     """Flink's GenericWriteAheadSink: stage, then send the staged values on completion and record
-    the checkpoint in a checkpoint committer in the same transaction."""
+    the checkpoint in a checkpoint committer in the same transaction. Staging, discarding and
+    finding leftovers are done here, on :class:`~oncekit.core.staging.StagedFiles`; a subclass
+    writes ``send_values`` only."""
 
     protocol = "write-ahead-log"
-
-    @abstractmethod
-    def stage(self, task: TaskInfo, batches: Iterator[pa.RecordBatch]) -> Committable | None:
-        """Task: store the partition's rows durably (not in the target); None when it had none."""
+    staged: StagedFiles
 
     @abstractmethod
     def send_values(self, batch_id: int, committables: Sequence[Committable], crash: Any = None) -> CommitOutcome:
         """Driver: write every staged row of the batch to the target and record (sink, batch) in
-        the checkpoint committer, atomically. ALREADY_COMMITTED when the batch is recorded."""
-
-    @abstractmethod
-    def discard(self, committables: Sequence[Committable]) -> None:
-        """Driver: delete staged rows of a checkpoint that never completed, or of lost attempts."""
+        the checkpoint committer, atomically. ALREADY_COMMITTED when the batch is recorded.
+        ``crash`` is the engine's crash hook, called between two staged files."""
 
     def write_partition(self, task: TaskInfo, batches: Iterator[pa.RecordBatch]) -> Committable | None:
-        return self.stage(task, batches)
+        return self.staged.stage(task, batches)
 
     def commit_batch(self, batch_id: int, committables: Sequence[Committable], crash: Any = None) -> None:
-        outcome = self.send_values(batch_id, committables, crash)
+        outcome = self.send_values(batch_id, committables, crash) if committables else CommitOutcome.ALREADY_COMMITTED
+        self.staged.discard(committables)
         logger.info("sink %s batch %s: %s rows in %s staged files %s", self.sink_id, batch_id,
                     sum(c.rows for c in committables), len(committables), outcome.value)
 
     def abort_batch(self, batch_id: int, committables: Sequence[Committable]) -> None:
-        self.discard(committables)
+        self.staged.discard(committables)
         logger.info("sink %s batch %s: discarded %s staged files", self.sink_id, batch_id, len(committables))
+
+    def leftovers(self, batch_ids: Iterable[int] | None = None) -> list[Committable]:
+        return self.staged.leftovers(batch_ids)
 
 
 class IdempotentSink(Sink):

@@ -12,13 +12,13 @@ import os
 import threading
 from typing import TYPE_CHECKING, Any
 
-from pyspark.sql.streaming import StreamingQueryListener
+from pyspark.sql.streaming.listener import StreamingQueryListener
 
 from oncekit.core.engine import CheckpointEngine
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
-    from pyspark.sql.streaming import StreamingQuery
+    from pyspark.sql.streaming.query import StreamingQuery
 
     from oncekit.sinks.base import SinkConfig
 
@@ -105,7 +105,7 @@ class OncekitQuery:
 
     def await_termination(self, timeout: float | None = None) -> bool:
         """Like StreamingQuery.awaitTermination; raises the query's error if it failed."""
-        finished = self.query.awaitTermination(timeout) if timeout is not None else self.query.awaitTermination()
+        finished = self.query.awaitTermination(timeout) if timeout is not None else self.query.awaitTermination()  # type: ignore[arg-type]
         if finished is None or finished:
             self.complete()
             return True

@@ -15,7 +15,7 @@ class PostgresDataSource(DataSource):
         return PostgresSinkConfig.format_name
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
-        return stream_writer(PostgresSinkConfig, dict(self.options), schema)  # type: ignore[return-value]
+        return stream_writer(PostgresSinkConfig, dict(self.options), schema)
 
 
 DATA_SOURCES: tuple[type[DataSource], ...] = (PostgresDataSource,)

@@ -14,7 +14,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -31,7 +31,7 @@ from oncekit.core.base import (
     WriteAheadSink,
 )
 from oncekit.core.errors import ConfigError, OncekitError
-from oncekit.core.storage import delete_file, filesystem, list_names, write_atomically
+from oncekit.core.staging import StagedFiles
 from oncekit.sinks.base import SinkConfig
 
 if TYPE_CHECKING:
@@ -125,7 +125,7 @@ class PostgresSinkConfig(SinkConfig):
         )
 
     def build(self, checkpoint: str) -> Sink:
-        sink_type: type[_PostgresSink] = {
+        sink_type: Callable[[PostgresSinkConfig, str], Sink] = {
             "two-phase-commit": PostgresTwoPhaseCommitSink,
             "write-ahead-log": PostgresWriteAheadSink,
             "idempotent": PostgresIdempotentSink,
@@ -213,6 +213,7 @@ class _TableWriter:
             if self.staging is None:
                 return
             keys = sql.SQL(", ").join(sql.Identifier(c) for c in config.key_columns)
+            action: sql.Composable
             if config.on_conflict == "nothing":
                 action = sql.SQL("DO NOTHING")
             else:
@@ -496,8 +497,12 @@ class _PreparedTransaction:
 
 
 class PostgresWriteAheadSink(_PostgresSink, WriteAheadSink):
-    """Tasks stage Arrow IPC files under ``<checkpoint>/oncekit/<sink>/staged/<batch>/``; on
-    completion one transaction writes them and records (sink, batch) in ``oncekit_checkpoints``."""
+    """Tasks stage Arrow files under the checkpoint; on completion one transaction writes them and
+    records (sink, batch) in ``oncekit_checkpoints``, so a repeated notification writes nothing."""
+
+    def __init__(self, config: PostgresSinkConfig, checkpoint: str) -> None:
+        super().__init__(config, checkpoint)
+        self.staged = StagedFiles(checkpoint, config.sink_id)
 
     def _create_tables(self, conn: psycopg.Connection[Any]) -> None:
         from psycopg import sql
@@ -508,47 +513,19 @@ class PostgresWriteAheadSink(_PostgresSink, WriteAheadSink):
             "committed_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (sink_id, batch_id))"
         ).format(_identifier(_with_table(self.config.table, CHECKPOINT_TABLE))))
 
-    def _staged_dir(self, batch_id: int) -> tuple[Any, str]:
-        fs, root = filesystem(self.checkpoint)
-        return fs, f"{root}/oncekit/{self.sink_id}/staged/{batch_id}"
-
-    def stage(self, task: TaskInfo, batches: Iterator[pa.RecordBatch]) -> Committable | None:
-        import pyarrow as pa
-
-        sink = pa.BufferOutputStream()
-        rows = 0
-        writer = None
-        for batch in batches:
-            if writer is None:
-                writer = pa.ipc.new_stream(sink, batch.schema)
-            writer.write_batch(batch)
-            rows += batch.num_rows
-        if writer is None or rows == 0:
-            return None
-        writer.close()
-        fs, directory = self._staged_dir(task.batch_id)
-        path = f"{directory}/{task.partition_id}-{task.attempt}.arrow"
-        write_atomically(fs, path, sink.getvalue().to_pybytes())
-        logger.info("sink %s batch %s partition %s: staged %s rows in %s", self.sink_id, task.batch_id,
-                    task.partition_id, rows, path)
-        return Committable(task.sink_id, task.batch_id, task.partition_id, task.attempt, path, rows)
-
     def send_values(self, batch_id: int, committables: Sequence[Committable], crash: Any = None) -> CommitOutcome:
-        import pyarrow as pa
         from psycopg import sql
 
-        if not committables:
-            return CommitOutcome.ALREADY_COMMITTED
-        fs, _ = self._staged_dir(batch_id)
         with self.connect() as conn:
+            # Recording first takes the row lock: a concurrent notification waits here, then
+            # finds the row and writes nothing.
             recorded = conn.execute(
                 sql.SQL("INSERT INTO {} (sink_id, batch_id, rows) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING RETURNING 1").format(
                     _identifier(_with_table(self.config.table, CHECKPOINT_TABLE))),
                 (self.sink_id, batch_id, sum(c.rows for c in committables)),
             ).fetchone()
-            if recorded is None:  # another notification wrote this batch already
+            if recorded is None:
                 conn.rollback()
-                self.discard(committables)
                 return CommitOutcome.ALREADY_COMMITTED
             for index, committable in enumerate(committables):
                 if index and crash is not None:
@@ -558,35 +535,12 @@ class PostgresWriteAheadSink(_PostgresSink, WriteAheadSink):
                 if staging:
                     self.create_staging(conn, staging, temporary=True)
                 writer = _TableWriter(self, conn, task, staging)
-                with fs.open_input_stream(committable.transaction_id) as source:
-                    for batch in pa.ipc.open_stream(source):
-                        writer.write(batch)
+                for batch in self.staged.read(committable):
+                    writer.write(batch)
                 if staging:
                     conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(staging)))
             conn.commit()
-        self.discard(committables)
         return CommitOutcome.COMMITTED
-
-    def discard(self, committables: Sequence[Committable]) -> None:
-        for committable in committables:
-            fs, _ = filesystem(self.checkpoint)
-            delete_file(fs, committable.transaction_id)
-
-    def leftovers(self, batch_ids: Iterable[int] | None = None) -> list[Committable]:
-        fs, root = filesystem(self.checkpoint)
-        staged_root = f"{root}/oncekit/{self.sink_id}/staged"
-        batches = [int(n) for n in list_names(fs, staged_root) if n.isdigit()]
-        wanted = None if batch_ids is None else set(batch_ids)
-        out = []
-        for batch in batches:
-            if wanted is not None and batch not in wanted:
-                continue
-            for name in list_names(fs, f"{staged_root}/{batch}"):
-                match = re.fullmatch(r"(\d+)-(\d+)\.arrow", name)
-                if match:
-                    out.append(Committable(self.sink_id, batch, int(match[1]), int(match[2]),
-                                           f"{staged_root}/{batch}/{name}", 0))
-        return out
 
 
 class PostgresIdempotentSink(_PostgresSink, IdempotentSink):

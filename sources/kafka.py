@@ -22,7 +22,7 @@ from oncekit.core.errors import ConfigError, OncekitError
 
 if TYPE_CHECKING:
     import pyarrow as pa
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
 logger = logging.getLogger(__name__)
 
@@ -217,6 +217,31 @@ def watermarks(options: KafkaSourceOptions) -> dict[tuple[str, int], tuple[int, 
         return out
     finally:
         consumer.close()
+
+
+def kafka_stream(
+    spark: SparkSession,
+    bootstrap_servers: str,
+    topics: str | list[str],
+    *,
+    max_offsets_per_trigger: int | None = None,
+    starting_offsets: str = "earliest",
+    **options: str,
+) -> DataFrame:
+    """The typed builder: a streaming DataFrame over ``topics`` (registers the source first).
+
+    ``options`` are further source options (``includeHeaders``, ``kafka.security.protocol``...).
+    """
+    register(spark)
+    reader = (
+        spark.readStream.format(FORMAT)
+        .option("kafka.bootstrap.servers", bootstrap_servers)
+        .option("subscribe", topics if isinstance(topics, str) else ",".join(topics))
+        .option("startingOffsets", starting_offsets)
+    )
+    if max_offsets_per_trigger is not None:
+        reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
+    return reader.options(**options).load()
 
 
 def register(spark: SparkSession) -> None:

@@ -14,6 +14,7 @@ from confluent_kafka import Producer
 from oncekit.connectors import KafkaConfig
 from oncekit.core.query import OncekitQuery, start_query
 from oncekit.sinks.base import SinkConfig
+from oncekit.sources.kafka import kafka_stream
 
 
 def produce_input(kafka: KafkaConfig, topic: str, count: int, partitions: int = 2) -> list[int]:
@@ -33,14 +34,8 @@ def produce_input(kafka: KafkaConfig, topic: str, count: int, partitions: int = 
 
 def integers(spark: Any, kafka: KafkaConfig, topic: str, per_batch: int) -> Any:
     """The stream: one row (id, payload) per input record."""
-    return (
-        spark.readStream.format("oncekit-kafka")
-        .option("kafka.bootstrap.servers", kafka.bootstrap_servers)
-        .option("subscribe", topic)
-        .option("maxOffsetsPerTrigger", str(per_batch))
-        .load()
-        .selectExpr("CAST(CAST(value AS STRING) AS INT) AS id", "CAST(value AS STRING) AS payload")
-    )
+    return kafka_stream(spark, kafka.bootstrap_servers, topic, max_offsets_per_trigger=per_batch).selectExpr(
+        "CAST(CAST(value AS STRING) AS INT) AS id", "CAST(value AS STRING) AS payload")
 
 
 def run_available_now(frame: Any, sink: SinkConfig, checkpoint: str, notify: bool = False) -> OncekitQuery:

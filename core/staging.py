@@ -1,0 +1,79 @@
+"""Staged rows of the write-ahead-log protocol: Arrow IPC files under the checkpoint.
+
+``<checkpoint>/oncekit/<sink>/staged/<batch>/<partition>-<attempt>.arrow``, each written
+atomically by one task attempt, read by whichever process publishes the batch once its
+checkpoint is complete, and deleted after that (or when the batch is aborted).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING
+
+from oncekit.core.base import Committable, TaskInfo
+from oncekit.core.storage import delete_file, filesystem, list_names, write_atomically
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+logger = logging.getLogger(__name__)
+
+_STAGED_NAME = re.compile(r"(\d+)-(\d+)\.arrow")
+
+
+class StagedFiles:
+    """The staging area of one sink of one query."""
+
+    def __init__(self, checkpoint: str, sink_id: str) -> None:
+        self.fs, root = filesystem(checkpoint)
+        self.sink_id = sink_id
+        self.directory = f"{root}/oncekit/{sink_id}/staged"
+
+    def stage(self, task: TaskInfo, batches: Iterator[pa.RecordBatch]) -> Committable | None:
+        """Task: write the partition's rows to one file; None when there were none."""
+        import pyarrow as pa
+
+        buffer = pa.BufferOutputStream()
+        writer = None
+        rows = 0
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            if writer is None:
+                writer = pa.ipc.new_stream(buffer, batch.schema)
+            writer.write_batch(batch)
+            rows += batch.num_rows
+        if writer is None:
+            return None
+        writer.close()
+        path = f"{self.directory}/{task.batch_id}/{task.partition_id}-{task.attempt}.arrow"
+        write_atomically(self.fs, path, buffer.getvalue().to_pybytes())
+        logger.info("sink %s batch %s partition %s: staged %s rows in %s", self.sink_id, task.batch_id,
+                    task.partition_id, rows, path)
+        return Committable(task.sink_id, task.batch_id, task.partition_id, task.attempt, path, rows)
+
+    def read(self, committable: Committable) -> Iterator[pa.RecordBatch]:
+        import pyarrow as pa
+
+        with self.fs.open_input_stream(committable.transaction_id) as source:
+            yield from pa.ipc.open_stream(source)
+
+    def discard(self, committables: Sequence[Committable]) -> None:
+        for committable in committables:
+            delete_file(self.fs, committable.transaction_id)
+
+    def leftovers(self, batch_ids: Iterable[int] | None = None) -> list[Committable]:
+        """Every staged file still present, for ``batch_ids`` or all batches."""
+        wanted = None if batch_ids is None else set(batch_ids)
+        out = []
+        for name in list_names(self.fs, self.directory):
+            if not name.isdigit() or (wanted is not None and int(name) not in wanted):
+                continue
+            for file_name in list_names(self.fs, f"{self.directory}/{name}"):
+                match = _STAGED_NAME.fullmatch(file_name)
+                if match:
+                    out.append(Committable(self.sink_id, int(name), int(match[1]), int(match[2]),
+                                           f"{self.directory}/{name}/{file_name}", 0))
+        return out
