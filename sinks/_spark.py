@@ -1,4 +1,4 @@
-"""Spark data sources for oncekit's sinks: ``df.writeStream.format("oncekit-postgres")``."""
+"""Spark data sources for oncekit's sinks: ``format("oncekit-postgres")``, ``format("oncekit-kafka-sink")``."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamWriter
 from pyspark.sql.types import StructType
 
 from oncekit.core.adapter import stream_writer
+from oncekit.sinks.kafka import KafkaSinkConfig
 from oncekit.sinks.postgres import PostgresSinkConfig
 
 
@@ -18,4 +19,13 @@ class PostgresDataSource(DataSource):
         return stream_writer(PostgresSinkConfig, dict(self.options), schema)
 
 
-DATA_SOURCES: tuple[type[DataSource], ...] = (PostgresDataSource,)
+class KafkaSinkDataSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return KafkaSinkConfig.format_name
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        return stream_writer(KafkaSinkConfig, dict(self.options), schema)
+
+
+DATA_SOURCES: tuple[type[DataSource], ...] = (PostgresDataSource, KafkaSinkDataSource)

@@ -6,10 +6,11 @@ produced in one committed transaction (plus an aborted one that must never arriv
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import psycopg
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer
 
 from oncekit.connectors import KafkaConfig
 from oncekit.core.query import OncekitQuery, start_query
@@ -53,3 +54,26 @@ def table_ids(dsn: str, table: str) -> list[int]:
 def prepared_transactions(dsn: str) -> list[str]:
     with psycopg.connect(dsn) as conn:
         return [row[0] for row in conn.execute("SELECT gid FROM pg_prepared_xacts")]
+
+
+def read_committed(kafka: KafkaConfig, topic: str, expected: int, timeout_s: float = 30.0) -> list[bytes]:
+    """Every value a read_committed consumer sees in ``topic``: waits for ``expected`` values,
+    then one more second so that extra values would show."""
+    consumer = Consumer(kafka.settings(group_id=f"check-{topic}-{time.monotonic_ns()}", auto_offset_reset="earliest",
+                                       isolation_level="read_committed", enable_auto_commit=False))
+    consumer.subscribe([topic])
+    values: list[bytes] = []
+    deadline = time.monotonic() + timeout_s
+    settle = None
+    try:
+        while time.monotonic() < deadline:
+            for message in consumer.consume(100, timeout=0.5):
+                assert message.error() is None, message.error()
+                values.append(message.value())
+            if len(values) >= expected:
+                settle = settle or time.monotonic() + 1.0
+                if time.monotonic() > settle:
+                    break
+    finally:
+        consumer.close()
+    return values

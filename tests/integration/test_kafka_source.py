@@ -49,3 +49,33 @@ def test_kafka_source_stream_available_now_reads_all_in_capped_batches(
     assert len(query.recentProgress) >= 3
     values = [r.value for r in spark.sql(f"SELECT value FROM {topic.replace('-', '_')}").collect()]
     assert sorted(values) == sorted(committed)
+
+
+def test_kafka_source_deleted_range_fails_with_data_loss_error_or_skips(spark: Any, kafka: KafkaConfig, topic: str) -> None:
+    from confluent_kafka import Producer, TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    producer = Producer(kafka.settings())
+    for i in range(100):
+        producer.produce(topic, value=f"c{i}".encode(), partition=0)
+    producer.flush(30)
+    admin = AdminClient(kafka.settings())
+    deleted = admin.delete_records([TopicPartition(topic, 0, 30)])  # retention took offsets 0..29
+    for future in deleted.values():
+        future.result(timeout=30)
+
+    def read(fail_on_data_loss: str) -> list[Any]:
+        return (
+            spark.read.format("oncekit-kafka")
+            .option("kafka.bootstrap.servers", kafka.bootstrap_servers)
+            .option("subscribe", topic)
+            .option("startingOffsets", f'{{"{topic}": {{"0": 0, "1": 0}}}}')
+            .option("failOnDataLoss", fail_on_data_loss)
+            .load()
+            .collect()
+        )
+
+    with pytest.raises(Exception, match=rf"topic {topic} partition 0: offsets 0..29 are gone"):
+        read("true")
+    rows = read("false")
+    assert all(not (r.partition == 0 and r.offset < 30) for r in rows) and rows

@@ -2,39 +2,15 @@
 
 from __future__ import annotations
 
-import time
-
 import psycopg
 import pytest
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Producer
 
 from oncekit.connectors import KafkaConfig, Services, start_services
 from oncekit.connectors.kafka import create_topic
+from tests.eos.pipeline import read_committed
 
 pytestmark = pytest.mark.services
-
-
-def read_committed(kafka: KafkaConfig, topic: str, expected: int, timeout_s: float = 30.0) -> list[bytes]:
-    """Every value a read_committed consumer sees in ``topic``: waits for ``expected`` values,
-    then one more second so that extra values would show."""
-    consumer = Consumer(kafka.settings(group_id=f"check-{topic}-{time.monotonic_ns()}", auto_offset_reset="earliest",
-                                       isolation_level="read_committed", enable_auto_commit=False))
-    consumer.subscribe([topic])
-    values: list[bytes] = []
-    deadline = time.monotonic() + timeout_s
-    settle = None
-    try:
-        while time.monotonic() < deadline:
-            for message in consumer.consume(100, timeout=0.5):
-                assert message.error() is None, message.error()
-                values.append(message.value())
-            if len(values) >= expected:
-                settle = settle or time.monotonic() + 1.0
-                if time.monotonic() > settle:
-                    break
-    finally:
-        consumer.close()
-    return values
 
 
 def produce_transactions(kafka: KafkaConfig, topic: str, committed: list[bytes], aborted: list[bytes]) -> None:

@@ -1,0 +1,90 @@
+"""Exactly-once from Kafka into Kafka under crashes at every protocol step: a read_committed
+consumer of the output must see every input record exactly once (multiset equality)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from oncekit.connectors import KafkaConfig
+from oncekit.connectors.kafka import create_topic
+from oncekit.core.crash import POINTS, arm, fired
+from oncekit.sinks.kafka import kafka_sink
+from oncekit.verify import compare
+from tests.eos.pipeline import integers, produce_input, read_committed, run_available_now
+
+pytestmark = [pytest.mark.services, pytest.mark.spark]
+
+COUNT, PER_BATCH = 1000, 300
+
+CASES = [
+    # a transactional task commits its own transaction: nothing is left to commit after the checkpoint
+    *[("transactional", point) for point in POINTS if point != "mid_commit"],
+    *[("write-ahead-log", point) for point in POINTS],
+]
+
+
+def output(kafka: KafkaConfig, topic: str, expected: int) -> list[int]:
+    return [int(v) for v in read_committed(kafka, topic, expected, timeout_s=60)]
+
+
+def as_values(frame: Any) -> Any:
+    return frame.selectExpr("CAST(id AS STRING) AS key", "CAST(id AS STRING) AS value")
+
+
+@pytest.mark.parametrize(("protocol", "point"), CASES)
+def test_kafka_sink_crash_once_then_restart_is_exactly_once(
+    spark: Any, kafka: KafkaConfig, topic: str, tmp_path: Path, crash_dir: Path, protocol: str, point: str,
+) -> None:
+    expected = produce_input(kafka, topic, COUNT)
+    out = f"{topic}-out"
+    create_topic(kafka, out, partitions=2)
+    sink = kafka_sink(kafka.bootstrap_servers, out, protocol)
+    checkpoint = str(tmp_path / "checkpoint")
+    arm(crash_dir, point, batch_id=1)
+
+    with pytest.raises(Exception):
+        run_available_now(as_values(integers(spark, kafka, topic, PER_BATCH)), sink, checkpoint)
+    assert fired(crash_dir) == [point]
+    run_available_now(as_values(integers(spark, kafka, topic, PER_BATCH)), sink, checkpoint)
+
+    verdict = compare(expected, output(kafka, out, COUNT))
+    assert verdict.exactly_once, verdict.summary()
+
+
+def test_kafka_at_least_once_crash_after_write_shows_duplicates(
+    spark: Any, kafka: KafkaConfig, topic: str, tmp_path: Path, crash_dir: Path,
+) -> None:
+    expected = produce_input(kafka, topic, COUNT)
+    out = f"{topic}-out"
+    sink = kafka_sink(kafka.bootstrap_servers, out, "at-least-once")
+    checkpoint = str(tmp_path / "checkpoint")
+    arm(crash_dir, "task_after_pre_commit", batch_id=1, partition_id=0)
+
+    with pytest.raises(Exception):
+        run_available_now(as_values(integers(spark, kafka, topic, PER_BATCH)), sink, checkpoint)
+    run_available_now(as_values(integers(spark, kafka, topic, PER_BATCH)), sink, checkpoint)
+
+    verdict = compare(expected, output(kafka, out, COUNT + PER_BATCH // 2))
+    assert verdict.at_least_once, verdict.summary()
+    assert sum(verdict.duplicated.values()) >= PER_BATCH // 2
+
+
+def test_kafka_transactional_non_deterministic_replay_is_caught_by_checksum(
+    spark: Any, kafka: KafkaConfig, topic: str, tmp_path: Path, crash_dir: Path,
+) -> None:
+    produce_input(kafka, topic, COUNT)
+    out = f"{topic}-out"
+    sink = kafka_sink(kafka.bootstrap_servers, out, "transactional")
+    checkpoint = str(tmp_path / "checkpoint")
+    arm(crash_dir, "task_after_pre_commit", batch_id=1, partition_id=0)
+
+    def random_values() -> Any:
+        return integers(spark, kafka, topic, PER_BATCH).selectExpr("CONCAT(id, ':', uuid()) AS value")
+
+    with pytest.raises(Exception):
+        run_available_now(random_values(), sink, checkpoint)
+    with pytest.raises(Exception, match="NonDeterministicReplayError|not deterministic"):
+        run_available_now(random_values(), sink, checkpoint)
