@@ -18,6 +18,7 @@ from oncekit.sources.kafka import (
     KafkaSourceOptions,
     Offsets,
     _resolve,
+    starting_offsets,
     watermarks,
 )
 
@@ -71,7 +72,7 @@ class KafkaBatchReader(DataSourceReader):
     def partitions(self) -> Sequence[InputPartition]:
         marks = watermarks(self.options)
         return _ranges(
-            _resolve(self.options.starting_offsets, marks, "startingOffsets"),
+            starting_offsets(self.options, marks),
             _resolve(self.options.ending_offsets, marks, "endingOffsets"),
         )
 
@@ -94,7 +95,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._available_now.setdefault(topic, {})[str(partition)] = high
 
     def initialOffset(self) -> dict[str, Any]:
-        return _resolve(self.options.starting_offsets, watermarks(self.options), "startingOffsets")
+        return starting_offsets(self.options, watermarks(self.options))
 
     def getDefaultReadLimit(self) -> ReadLimit:
         limit = self.options.max_offsets_per_trigger

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -53,7 +54,9 @@ class KafkaSourceOptions:
 
     client: Mapping[str, str]
     topics: tuple[str, ...]
+    topic_pattern: str | None = None
     starting_offsets: str = "earliest"
+    starting_timestamp_ms: int | None = None
     ending_offsets: str = "latest"
     max_offsets_per_trigger: int | None = None
     fail_on_data_loss: bool = True
@@ -75,8 +78,17 @@ class KafkaSourceOptions:
         if client["isolation.level"] not in ("read_committed", "read_uncommitted"):
             raise ConfigError(f"{FORMAT}: kafka.isolation.level must be read_committed or read_uncommitted")
         topics = tuple(t.strip() for t in lowered.get("subscribe", "").split(",") if t.strip())
-        if not topics:
-            raise ConfigError(f"{FORMAT}: option subscribe is required (comma-separated topics)")
+        pattern = lowered.get("subscribepattern") or None
+        if bool(topics) == bool(pattern):
+            raise ConfigError(f"{FORMAT}: give one of the options subscribe (comma-separated topics) or subscribePattern (a regex)")
+        if pattern is not None:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ConfigError(f"{FORMAT}: subscribePattern {pattern!r} is not a regular expression: {exc}") from exc
+        timestamp = lowered.get("startingtimestamp")
+        if timestamp is not None and not timestamp.isdigit():
+            raise ConfigError(f"{FORMAT}: startingTimestamp must be milliseconds since the epoch, got {timestamp!r}")
         max_offsets = lowered.get("maxoffsetspertrigger")
         try:
             limit = int(max_offsets) if max_offsets else None
@@ -87,7 +99,9 @@ class KafkaSourceOptions:
         return cls(
             client=client,
             topics=topics,
+            topic_pattern=pattern,
             starting_offsets=lowered.get("startingoffsets", "earliest"),
+            starting_timestamp_ms=int(timestamp) if timestamp is not None else None,
             ending_offsets=lowered.get("endingoffsets", "latest"),
             max_offsets_per_trigger=limit,
             fail_on_data_loss=lowered.get("failondataloss", "true").lower() != "false",
@@ -208,7 +222,11 @@ def watermarks(options: KafkaSourceOptions) -> dict[tuple[str, int], tuple[int, 
     try:
         metadata = consumer.list_topics(timeout=30)
         out = {}
-        for topic in options.topics:
+        topics = options.topics
+        if options.topic_pattern is not None:
+            # A pattern picks up topics created after the query started, as Spark's own source does.
+            topics = tuple(sorted(t for t in metadata.topics if re.fullmatch(options.topic_pattern, t)))
+        for topic in topics:
             described = metadata.topics.get(topic)
             if described is None or described.error is not None:
                 raise ConfigError(f"{FORMAT}: topic {topic!r} does not exist")
@@ -242,6 +260,30 @@ def kafka_stream(
     if max_offsets_per_trigger is not None:
         reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
     return reader.options(**options).load()
+
+
+def offsets_for_timestamp(options: KafkaSourceOptions, marks: Mapping[tuple[str, int], tuple[int, int]],
+                          timestamp_ms: int) -> Offsets:
+    """Per partition, the first offset whose record timestamp is at or after ``timestamp_ms``
+    (the partition's end when there is none)."""
+    from confluent_kafka import TopicPartition
+
+    consumer = options.consumer()
+    try:
+        found = consumer.offsets_for_times([TopicPartition(t, p, timestamp_ms) for t, p in marks], timeout=30)
+    finally:
+        consumer.close()
+    out: Offsets = {}
+    for tp in found:
+        out.setdefault(tp.topic, {})[str(tp.partition)] = tp.offset if tp.offset >= 0 else marks[(tp.topic, tp.partition)][1]
+    return out
+
+
+def starting_offsets(options: KafkaSourceOptions, marks: Mapping[tuple[str, int], tuple[int, int]]) -> Offsets:
+    """Where a new query starts: ``startingTimestamp`` if given, else ``startingOffsets``."""
+    if options.starting_timestamp_ms is not None:
+        return offsets_for_timestamp(options, marks, options.starting_timestamp_ms)
+    return _resolve(options.starting_offsets, marks, "startingOffsets")
 
 
 def register(spark: SparkSession) -> None:

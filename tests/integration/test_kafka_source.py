@@ -79,3 +79,21 @@ def test_kafka_source_deleted_range_fails_with_data_loss_error_or_skips(spark: A
         read("true")
     rows = read("false")
     assert all(not (r.partition == 0 and r.offset < 30) for r in rows) and rows
+
+
+def test_kafka_source_pattern_and_starting_timestamp(spark: Any, kafka: KafkaConfig, topic: str) -> None:
+    from confluent_kafka import Producer
+
+    producer = Producer(kafka.settings())
+    for i in range(10):
+        producer.produce(topic, value=f"v{i}".encode(), partition=0, timestamp=1_000_000 + i * 1000)
+    producer.flush(30)
+    rows = (
+        spark.read.format("oncekit-kafka")
+        .option("kafka.bootstrap.servers", kafka.bootstrap_servers)
+        .option("subscribePattern", topic.replace("-", "[-]"))
+        .option("startingTimestamp", str(1_000_000 + 6 * 1000))
+        .load()
+        .collect()
+    )
+    assert sorted(r.value for r in rows) == [b"v6", b"v7", b"v8", b"v9"]

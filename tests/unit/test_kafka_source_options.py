@@ -48,3 +48,21 @@ def test_resolve_earliest_latest_and_json() -> None:
 def test_resolve_bad_json_is_config_error() -> None:
     with pytest.raises(ConfigError, match="startingOffsets"):
         _resolve("{nope", MARKS, "startingOffsets")
+
+
+def test_parse_pattern_instead_of_topics() -> None:
+    options = KafkaSourceOptions.parse({"kafka.bootstrap.servers": "b:1", "subscribePattern": "pay.*"})
+    assert options.topics == () and options.topic_pattern == "pay.*"
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"subscribe": "a", "subscribePattern": "a.*"}, "one of the options"),
+        ({"subscribePattern": "("}, "not a regular expression"),
+        ({"subscribe": "a", "startingTimestamp": "yesterday"}, "startingTimestamp"),
+    ],
+)
+def test_parse_subscription_and_timestamp_errors(extra: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        KafkaSourceOptions.parse({"kafka.bootstrap.servers": "b:1", **extra})
