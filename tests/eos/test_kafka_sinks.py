@@ -88,3 +88,35 @@ def test_kafka_transactional_non_deterministic_replay_is_caught_by_checksum(
         run_available_now(random_values(), sink, checkpoint)
     with pytest.raises(Exception, match="NonDeterministicReplayError|not deterministic"):
         run_available_now(random_values(), sink, checkpoint)
+
+
+def test_kafka_sink_unserializable_value_fails_naming_sink_batch_row_and_column(
+    spark: Any, kafka: KafkaConfig, topic: str, tmp_path: Path,
+) -> None:
+    produce_input(kafka, topic, 100)
+    sink = kafka_sink(kafka.bootstrap_servers, f"{topic}-out", "transactional")
+    frame = integers(spark, kafka, topic, PER_BATCH).selectExpr("id AS value")
+    with pytest.raises(Exception, match=rf"sink {sink.sink_id} batch 0 partition \d: row 0, column value: cannot serialize int"):
+        run_available_now(frame, sink, str(tmp_path / "checkpoint"))
+
+
+def test_kafka_sink_too_large_record_goes_to_dead_letter_topic_rest_commits(
+    spark: Any, kafka: KafkaConfig, topic: str, tmp_path: Path,
+) -> None:
+    expected = produce_input(kafka, topic, 200)
+    out, dead = f"{topic}-out", f"{topic}-dead"
+    sink = kafka_sink(kafka.bootstrap_servers, out, "transactional", dead_letter_topic=dead)
+    frame = integers(spark, kafka, topic, PER_BATCH).selectExpr(
+        "CASE WHEN id = 7 THEN repeat('x', 2000000) ELSE CAST(id AS STRING) END AS value")
+    run_available_now(frame, sink, str(tmp_path / "checkpoint"))
+    verdict = compare([i for i in expected if i != 7], output(kafka, out, 199))
+    assert verdict.exactly_once, verdict.summary()
+    assert len(read_committed(kafka, dead, 1)) == 1
+
+
+def test_kafka_sink_preflight_refuses_timeout_above_broker_maximum(kafka: KafkaConfig, topic: str, tmp_path: Path) -> None:
+    from oncekit.core.errors import ConfigError
+
+    sink = kafka_sink(kafka.bootstrap_servers, f"{topic}-out", "transactional", transaction_timeout_ms=3_600_000)
+    with pytest.raises(ConfigError, match="transaction.max.timeout.ms"):
+        sink.build(str(tmp_path)).preflight()
