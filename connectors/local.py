@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from oncekit.connectors.base import KafkaService, PostgresService, free_port, port_in_use
+from oncekit.connectors.base import KafkaService, PostgresService, free_port, port_in_use, redact_dsn, wait_until
 from oncekit.connectors.kafka import CLUSTER_ID, broker_properties
-from oncekit.connectors.postgres import MAX_PREPARED_TRANSACTIONS
+from oncekit.connectors.postgres import MAX_PREPARED_TRANSACTIONS, check_server
 from oncekit.core.errors import ServiceError
 
 logger = logging.getLogger(__name__)
@@ -230,9 +230,6 @@ class LocalPostgres(PostgresService):
         if not self._process.alive():
             raise ServiceError(f"postgres: local server exited at start: {self._process.log_tail()}")
         dsn = self.dsn.rsplit("/", 1)[0] + "/" + database
-        from oncekit.connectors.base import redact_dsn, wait_until
-        from oncekit.connectors.postgres import check_server
-
         wait_until(lambda: check_server(dsn), 60, f"postgres at {redact_dsn(dsn)}")
 
     def stop(self) -> None:

@@ -7,11 +7,15 @@ driver's Python worker, an executor's task, or the user's driver process (the li
 
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import ClassVar
 
 from oncekit.core.base import Sink
+from oncekit.core.errors import ConfigError
+
+_SINK_ID = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
 
 
 class SinkConfig(ABC):
@@ -19,6 +23,19 @@ class SinkConfig(ABC):
 
     format_name: ClassVar[str]
     sink_id: str
+
+    def _check_common(self, protocol: str, protocols: tuple[str, ...], target: str, default_id: str) -> None:
+        """Called from a subclass's ``__post_init__``: the protocol is known, the target is given,
+        and the sink id (which names transactions, journal folders and marker groups) is safe;
+        without one it is derived from the target."""
+        if protocol not in protocols:
+            raise ConfigError(f"{self.format_name}: unknown protocol {protocol!r}; choose one of {', '.join(protocols)}")
+        if not target:
+            raise ConfigError(f"{self.format_name}: the target (table or topic) is required")
+        if not self.sink_id:
+            object.__setattr__(self, "sink_id", re.sub(r"[^A-Za-z0-9_.-]", "_", default_id))
+        if not _SINK_ID.match(self.sink_id):
+            raise ConfigError(f"{self.format_name}: sink id {self.sink_id!r} may hold only letters, digits, '_', '.', '-'")
 
     @abstractmethod
     def build(self, checkpoint: str) -> Sink:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import re
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -41,7 +40,6 @@ logger = logging.getLogger(__name__)
 
 FORMAT = "oncekit-kafka-sink"
 PROTOCOLS = ("transactional", "write-ahead-log", "at-least-once")
-_SINK_ID = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
 
 
 class NonDeterministicReplayError(OncekitError):
@@ -70,14 +68,7 @@ class KafkaSinkConfig(SinkConfig):
     columns: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.protocol not in PROTOCOLS:
-            raise ConfigError(f"{FORMAT}: unknown protocol {self.protocol!r}; choose one of {', '.join(PROTOCOLS)}")
-        if not self.topic:
-            raise ConfigError(f"{FORMAT}: option topic is required")
-        if not self.sink_id:
-            object.__setattr__(self, "sink_id", "kafka-" + re.sub(r"[^A-Za-z0-9_.-]", "_", self.topic))
-        if not _SINK_ID.match(self.sink_id):
-            raise ConfigError(f"{FORMAT}: sink id {self.sink_id!r} may hold only letters, digits, '_', '.', '-'")
+        self._check_common(self.protocol, PROTOCOLS, self.topic, f"kafka-{self.topic}")
         if self.columns and "value" not in self.columns:
             raise ConfigError(f"{FORMAT} sink {self.sink_id}: the stream needs a value column; it has {', '.join(self.columns)}")
 

@@ -46,7 +46,6 @@ PROTOCOLS = ("two-phase-commit", "write-ahead-log", "idempotent", "at-least-once
 MARKER_TABLE = "oncekit_markers"
 CHECKPOINT_TABLE = "oncekit_checkpoints"
 LOCK_TIMEOUT_S = 60
-_SINK_ID = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
 
 
 class BadRecordError(OncekitError):
@@ -80,14 +79,7 @@ class PostgresSinkConfig(SinkConfig):
     columns: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.protocol not in PROTOCOLS:
-            raise ConfigError(f"{FORMAT}: unknown protocol {self.protocol!r}; choose one of {', '.join(PROTOCOLS)}")
-        if not self.table:
-            raise ConfigError(f"{FORMAT}: option table is required")
-        if not self.sink_id:
-            object.__setattr__(self, "sink_id", "pg-" + re.sub(r"[^A-Za-z0-9_.-]", "_", self.table))
-        if not _SINK_ID.match(self.sink_id):
-            raise ConfigError(f"{FORMAT}: sink id {self.sink_id!r} may hold only letters, digits, '_', '.', '-'")
+        self._check_common(self.protocol, PROTOCOLS, self.table, f"pg-{self.table}")
         if self.on_conflict not in ("update", "nothing"):
             raise ConfigError(f"{FORMAT}: on_conflict must be 'update' or 'nothing', got {self.on_conflict!r}")
         if self.protocol == "idempotent" and not self.key_columns:
@@ -255,7 +247,8 @@ class _TableWriter:
     def _bad_record(self, exc: Any, batch: pa.RecordBatch) -> BadRecordError:
         diag = exc.diag
         line = re.search(r"line (\d+)", diag.context or "")
-        column = diag.column_name or (re.search(r"column (\w+)", diag.context or "") or [None, None])[1]
+        named = re.search(r"column (\w+)", diag.context or "")
+        column = diag.column_name or (named.group(1) if named else None)
         where = f"row {self.rows + int(line.group(1)) - 1} of the partition" if line else "a row"
         return BadRecordError(
             f"{FORMAT} sink {self.task.sink_id} batch {self.task.batch_id} partition {self.task.partition_id}: "
