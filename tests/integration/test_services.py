@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import psycopg
 import pytest
 from confluent_kafka import Producer
@@ -81,3 +83,26 @@ def test_local_backend_runs_real_kafka_and_postgres() -> None:
         with psycopg.connect(local.postgres.dsn, autocommit=True) as conn:
             value = conn.execute("SHOW max_prepared_transactions").fetchone()
             assert value is not None and int(value[0]) > 0
+
+
+def test_cli_services_up_status_down_hides_password(tmp_path: Any) -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "ONCEKIT_STATE_DIR": str(tmp_path)}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "oncekit.cli", "services", *args], env=env,
+                              capture_output=True, text=True, timeout=300, check=False)
+
+    up = cli("up", "--backend", "local")
+    try:
+        assert up.returncode == 0, up.stderr
+        assert "kafka bootstrap: 127.0.0.1:" in up.stdout and "postgresql://oncekit:***@127.0.0.1:" in up.stdout
+        status = cli("status")
+        assert "kafka: ready" in status.stdout and "postgres: ready" in status.stdout
+    finally:
+        down = cli("down")
+    assert down.returncode == 0 and "services down" in down.stdout
+    assert cli("status").returncode == 1
