@@ -97,3 +97,43 @@ def test_kafka_source_pattern_and_starting_timestamp(spark: Any, kafka: KafkaCon
         .collect()
     )
     assert sorted(r.value for r in rows) == [b"v6", b"v7", b"v8", b"v9"]
+
+
+def test_kafka_source_picks_up_new_partitions_and_mirrors_offsets_to_group(
+    spark: Any, kafka: KafkaConfig, unique_name: str, tmp_path: Path
+) -> None:
+    from confluent_kafka import Consumer, Producer, TopicPartition
+    from confluent_kafka.admin import AdminClient, NewPartitions  # type: ignore[attr-defined]
+
+    from oncekit.connectors.kafka import create_topic
+
+    topic, group = unique_name.replace("_", "-"), f"lag-{unique_name}"
+    create_topic(kafka, topic, partitions=1)
+    producer = Producer(kafka.settings())
+    seen: list[bytes] = []
+
+    def run() -> None:
+        (spark.readStream.format("oncekit-kafka").option("kafka.bootstrap.servers", kafka.bootstrap_servers)
+         .option("subscribe", topic).option("consumerGroup", group).option("maxOffsetsPerTrigger", "10").load()
+         .writeStream.foreachBatch(lambda frame, _: seen.extend(r.value for r in frame.select("value").collect()))
+         .option("checkpointLocation", str(tmp_path / "checkpoint")).trigger(availableNow=True).start()
+         .awaitTermination())
+
+    for i in range(20):
+        producer.produce(topic, value=f"p0-{i}".encode(), partition=0)
+    producer.flush(30)
+    run()
+    admin = AdminClient(kafka.settings())
+    for future in admin.create_partitions([NewPartitions(topic, 2)]).values():
+        future.result(timeout=30)
+    producer = Producer(kafka.settings())  # a fresh client knows the new partition
+    for i in range(5):
+        producer.produce(topic, value=f"p1-{i}".encode(), partition=1)
+    producer.flush(30)
+    run()
+
+    assert sorted(seen) == sorted([f"p0-{i}".encode() for i in range(20)] + [f"p1-{i}".encode() for i in range(5)])
+    consumer = Consumer(kafka.settings(group_id=group))
+    (mirrored,) = consumer.committed([TopicPartition(topic, 0)], timeout=30)
+    consumer.close()
+    assert mirrored.offset >= 10  # ends of completed batches, for lag monitoring
