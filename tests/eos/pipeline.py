@@ -18,6 +18,9 @@ from oncekit.sinks.base import SinkConfig
 from oncekit.sources.kafka import kafka_stream
 
 
+COUNT, PER_BATCH = 1000, 300  # four batches; both partitions have rows in every batch
+
+
 def produce_input(kafka: KafkaConfig, topic: str, count: int, partitions: int = 2) -> list[int]:
     producer = Producer(kafka.settings(transactional_id=f"input-{topic}", linger_ms=5))
     producer.init_transactions(30)

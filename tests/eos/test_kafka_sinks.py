@@ -13,11 +13,10 @@ from oncekit.connectors.kafka import create_topic
 from oncekit.core.crash import POINTS, arm, fired
 from oncekit.sinks.kafka import kafka_sink
 from oncekit.verify import compare
-from tests.eos.pipeline import integers, produce_input, read_committed, run_available_now
+from tests.eos.pipeline import COUNT, PER_BATCH, integers, produce_input, read_committed, run_available_now
 
 pytestmark = [pytest.mark.services, pytest.mark.spark]
 
-COUNT, PER_BATCH = 1000, 300
 
 CASES = [
     # a transactional task commits its own transaction: nothing is left to commit after the checkpoint

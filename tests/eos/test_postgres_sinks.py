@@ -15,11 +15,10 @@ from oncekit.core.crash import POINTS, arm, fired
 from oncekit.core.query import start_query
 from oncekit.sinks.postgres import postgres_sink
 from oncekit.verify import compare
-from tests.eos.pipeline import integers, prepared_transactions, produce_input, run_available_now, table_ids
+from tests.eos.pipeline import COUNT, PER_BATCH, integers, prepared_transactions, produce_input, run_available_now, table_ids
 
 pytestmark = [pytest.mark.services, pytest.mark.spark]
 
-COUNT, PER_BATCH = 1000, 300  # four batches; both partitions have rows in every batch
 
 CASES = [
     *[("two-phase-commit", point) for point in POINTS],
