@@ -1,4 +1,4 @@
-"""The ``oncekit`` command line: ``services up|down|status`` and ``demo``."""
+"""The ``oncekit`` command line: ``services up|down|status``, ``demo`` and ``verify``."""
 
 from __future__ import annotations
 
@@ -48,6 +48,30 @@ def _demo(args: argparse.Namespace) -> int:
     return demo.main(args.backend, args.records)
 
 
+def _verify(args: argparse.Namespace) -> int:
+    from oncekit import verify
+    from oncekit.connectors import start_services
+
+    def progress(done: int, total: int, result: verify.FaultResult) -> None:
+        bar = "#" * (20 * done // total)
+        print(f"[{bar:<20}] {done}/{total} {result.fault}: {result.verdict} "
+              f"(restarts {result.restarts}, recovery {result.recovery_s:.1f} s)", flush=True)
+
+    started = start_services(args.backend)
+    print(f"services ({started.backend}) ready; {args.faults} faults into {args.sink}, seed {args.seed}", flush=True)
+    with started.running() as services:
+        results = verify.run_campaign(args.sink, services, args.faults, args.seed, progress)
+    print(verify.table(args.sink, args.seed, results))
+    if args.json:
+        verify.write_json(args.json, args.sink, args.seed, results)
+    failed = [r for r in results if r.verdict != "exactly-once"]
+    if failed:
+        print(f"{len(failed)} faults not exactly-once; reproduce with: oncekit verify --sink {args.sink} "
+              f"--faults {args.faults} --seed {args.seed}")
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="oncekit", description="Exactly-once Spark pipelines from Kafka into Kafka and PostgreSQL")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO")
@@ -64,6 +88,16 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--backend", choices=BACKENDS, default="auto")
     demo.add_argument("--records", type=int, default=1000)
     demo.set_defaults(run=_demo)
+
+    from oncekit.verify import SINKS
+
+    check = commands.add_parser("verify", help="crash the example pipeline and check exactly-once")
+    check.add_argument("--sink", choices=sorted(SINKS), default="postgres-two-phase-commit")
+    check.add_argument("--faults", type=int, default=5)
+    check.add_argument("--seed", type=int, default=1)
+    check.add_argument("--backend", choices=BACKENDS, default="auto")
+    check.add_argument("--json", help="write the results to this file")
+    check.set_defaults(run=_verify)
 
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
