@@ -111,3 +111,23 @@ def test_postgres_bad_row_fails_query_with_named_error_and_commits_nothing_of_ba
     ids = table_ids(postgres_dsn, unique_name)
     assert 500 not in ids and len(ids) == PER_BATCH
     assert prepared_transactions(postgres_dsn) == []
+
+
+def test_supervisor_restarts_crashed_query_from_checkpoint_exactly_once(
+    spark: Any, kafka: KafkaConfig, postgres_dsn: str, topic: str, unique_name: str, tmp_path: Path, crash_dir: Path,
+) -> None:
+    from oncekit.core.restart import FixedDelay, supervise
+
+    expected = produce_input(kafka, topic, COUNT)
+    create_table(postgres_dsn, unique_name, keyed=False)
+    sink = postgres_sink(postgres_dsn, unique_name, "two-phase-commit")
+    checkpoint = str(tmp_path / "checkpoint")
+    arm(crash_dir, "driver_after_journal", batch_id=2)
+
+    restarts = supervise(lambda: run_available_now(integers(spark, kafka, topic, PER_BATCH), sink, checkpoint),
+                         FixedDelay(attempts=2, delay_s=0))
+
+    assert restarts == 1 and fired(crash_dir) == ["driver_after_journal"]
+    verdict = compare(expected, table_ids(postgres_dsn, unique_name))
+    assert verdict.exactly_once, verdict.summary()
+    assert prepared_transactions(postgres_dsn) == []
