@@ -1,4 +1,4 @@
-"""The ``oncekit`` command line: ``services up|down|status``, ``demo`` and ``verify``."""
+"""The ``oncekit`` command line: ``services up|down|status``, ``demo``, ``produce`` and ``verify``."""
 
 from __future__ import annotations
 
@@ -72,6 +72,31 @@ def _verify(args: argparse.Namespace) -> int:
     return 0
 
 
+def _produce(args: argparse.Namespace) -> int:
+    import os
+
+    from oncekit.connectors import KafkaConfig
+    from oncekit.connectors.kafka import create_topic
+    from oncekit.connectors.services import load_state
+    from oncekit.generator import Workload, produce
+
+    bootstrap = args.bootstrap or os.environ.get("ONCEKIT_KAFKA_BOOTSTRAP")
+    if not bootstrap:
+        running = load_state()
+        if running is None:
+            print("oncekit produce: give --bootstrap, set ONCEKIT_KAFKA_BOOTSTRAP, or run 'oncekit services up'",
+                  file=sys.stderr)
+            return 1
+        bootstrap = running.kafka.bootstrap_servers
+    kafka = KafkaConfig(bootstrap)
+    create_topic(kafka, args.topic, partitions=args.partitions)
+    workload = Workload(count=args.count, accounts=args.accounts, duplicates=args.duplicates, late=args.late,
+                        malformed=args.malformed, seed=args.seed)
+    sent = produce(kafka, args.topic, workload, args.rate)
+    print(f"sent {sent} records to {args.topic} at {bootstrap} (seed {args.seed})")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="oncekit", description="Exactly-once Spark pipelines from Kafka into Kafka and PostgreSQL")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO")
@@ -90,6 +115,19 @@ def main(argv: list[str] | None = None) -> int:
     demo.set_defaults(run=_demo)
 
     from oncekit.verify import SINKS
+
+    generate = commands.add_parser("produce", help="send payment events (with upstream faults) to Kafka")
+    generate.add_argument("--bootstrap", help="Kafka bootstrap servers (default: the services oncekit started)")
+    generate.add_argument("--topic", default="payments")
+    generate.add_argument("--partitions", type=int, default=2)
+    generate.add_argument("--count", type=int, default=10_000)
+    generate.add_argument("--rate", type=float, help="events per second (default: as fast as possible)")
+    generate.add_argument("--accounts", type=int, default=100)
+    generate.add_argument("--duplicates", type=float, default=0.01, help="fraction sent twice")
+    generate.add_argument("--late", type=float, default=0.01, help="fraction an hour late in event time")
+    generate.add_argument("--malformed", type=float, default=0.005, help="fraction of malformed records")
+    generate.add_argument("--seed", type=int, default=1)
+    generate.set_defaults(run=_produce)
 
     check = commands.add_parser("verify", help="crash the example pipeline and check exactly-once")
     check.add_argument("--sink", choices=sorted(SINKS), default="postgres-two-phase-commit")
