@@ -417,40 +417,44 @@ class PostgresTwoPhaseCommitSink(_PostgresSink, TwoPhaseCommitSink["_PreparedTra
             transaction.conn.close()
 
     def commit(self, committable: Committable) -> CommitOutcome:
-        import psycopg
-
         with self.connect(autocommit=True) as conn:
-            for _ in range(50):
-                try:
-                    conn.tpc_commit(committable.transaction_id)
-                    return CommitOutcome.COMMITTED
-                except psycopg.errors.UndefinedObject:
-                    if self._marker_visible(conn, committable.transaction_id):
-                        return CommitOutcome.ALREADY_COMMITTED
-                    raise CommitError(
-                        f"{FORMAT} sink {self.sink_id} batch {committable.batch_id} partition {committable.partition_id}: "
-                        f"prepared transaction {committable.transaction_id} is gone and its marker is not visible: "
-                        "it was rolled back, so the checkpoint's output for this partition is lost"
-                    ) from None
-                except psycopg.errors.ObjectInUse:  # another process is committing it right now
-                    time.sleep(0.1)
-        raise CommitError(f"{FORMAT} sink {self.sink_id}: prepared transaction {committable.transaction_id} stayed busy")
+            if self._finish_prepared(conn, committable.transaction_id, commit=True):
+                return CommitOutcome.COMMITTED
+            if self._marker_visible(conn, committable.transaction_id):
+                return CommitOutcome.ALREADY_COMMITTED
+        raise CommitError(
+            f"{FORMAT} sink {self.sink_id} batch {committable.batch_id} partition {committable.partition_id}: "
+            f"prepared transaction {committable.transaction_id} is gone and its marker is not visible: "
+            "it was rolled back, so the checkpoint's output for this partition is lost"
+        )
 
     def abort(self, committable: Committable) -> CommitOutcome:
         with self.connect(autocommit=True) as conn:
             return self._rollback_prepared(conn, committable.transaction_id)
 
     def _rollback_prepared(self, conn: psycopg.Connection[Any], transaction_id: str) -> CommitOutcome:
+        if self._finish_prepared(conn, transaction_id, commit=False):
+            return CommitOutcome.ABORTED
+        if self._marker_visible(conn, transaction_id):
+            raise CommitError(f"{FORMAT} sink {self.sink_id}: transaction {transaction_id} was to be aborted "
+                              "but is committed")
+        return CommitOutcome.ALREADY_ABORTED
+
+    def _finish_prepared(self, conn: psycopg.Connection[Any], transaction_id: str, commit: bool) -> bool:
+        """COMMIT or ROLLBACK PREPARED; False when the id is gone. The listener, the driver's
+        recovery and tasks may finish the same transaction at once: the loser sees it "busy"
+        (SQLSTATE 55000) and retries until it is gone."""
         import psycopg
 
-        try:
-            conn.tpc_rollback(transaction_id)
-            return CommitOutcome.ABORTED
-        except psycopg.errors.UndefinedObject:
-            if self._marker_visible(conn, transaction_id):
-                raise CommitError(f"{FORMAT} sink {self.sink_id}: transaction {transaction_id} was to be aborted "
-                                  "but is committed") from None
-            return CommitOutcome.ALREADY_ABORTED
+        for _ in range(100):
+            try:
+                (conn.tpc_commit if commit else conn.tpc_rollback)(transaction_id)
+                return True
+            except psycopg.errors.UndefinedObject:
+                return False
+            except (psycopg.errors.ObjectNotInPrerequisiteState, psycopg.errors.ObjectInUse):
+                time.sleep(0.1)
+        raise CommitError(f"{FORMAT} sink {self.sink_id}: prepared transaction {transaction_id} stayed busy for 10 s")
 
     def _marker_visible(self, conn: psycopg.Connection[Any], transaction_id: str) -> bool:
         from psycopg import sql

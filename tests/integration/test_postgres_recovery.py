@@ -152,3 +152,15 @@ def test_sink_config_repr_and_errors_hide_password(tmp_path: Path) -> None:
     with pytest.raises(Exception) as failure:
         config.build(str(tmp_path)).preflight()
     assert "s3cr3t" not in str(failure.value)
+
+
+def test_concurrent_commits_of_one_transaction_commit_it_once(engine: CheckpointEngine, postgres_dsn: str, unique_name: str) -> None:
+    """The listener, the driver's recovery and tasks may commit the same checkpoint at once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    committable = engine.write_task(TaskInfo(engine.sink.sink_id, 0, 0, 0), iter([rows([1, 2, 3])]))
+    assert committable is not None
+    with ThreadPoolExecutor(8) as pool:
+        outcomes = [o.value for o in pool.map(lambda _: engine.sink.commit(committable), range(8))]  # type: ignore[attr-defined]
+    assert outcomes.count("committed") == 1 and outcomes.count("already committed") == 7
+    assert ids_in(postgres_dsn, unique_name) == [1, 2, 3]
