@@ -248,10 +248,10 @@ def run_fault(sink: str, services: Services, fault: Fault, name: str, max_restar
     from oncekit.connectors.kafka import create_topic
 
     kafka, dsn = KafkaConfig(services.kafka.bootstrap_servers), services.postgres.dsn
-    topic, target = f"verify-{name}".replace("_", "-"), f"verify_{name}".replace("-", "_")
+    topic = f"verify-{name}".replace("_", "-")
+    target = f"verify_{name}".replace("-", "_") if SINKS[sink][0] == "postgres" else f"{topic}-out"
     create_topic(kafka, topic, partitions=2)
-    prepare_target(sink, kafka, dsn, target if SINKS[sink][0] == "postgres" else f"{topic}-out")
-    target = target if SINKS[sink][0] == "postgres" else f"{topic}-out"
+    prepare_target(sink, kafka, dsn, target)
     expected = produce_input(kafka, topic)
     with tempfile.TemporaryDirectory(prefix="oncekit-verify-") as work:
         crash_dir, checkpoint = f"{work}/crash", f"{work}/checkpoint"
