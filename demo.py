@@ -1,92 +1,337 @@
-"""The end-to-end smoke run behind ``oncekit demo`` (the README's main command).
+"""The main job behind ``make demo`` / ``oncekit demo``: the reference pipeline end to end.
 
-Starts the services, produces records into Kafka in one committed and one aborted transaction,
-reads the topic with Spark through oncekit's Kafka source (read_committed), writes what arrived
-to a PostgreSQL table through the two-phase-commit sink, and prints what arrived next to what
-was committed.
+Starts Kafka and PostgreSQL (or uses the configured ones), creates topics and tables, produces a
+seeded payments workload (with upstream duplicates, late and malformed records), runs
+:class:`oncekit.pipeline.ReferencePipeline`, crashes it once mid-run with a crash point and lets
+the restart strategy bring it back from its checkpoints, prints progress while it runs, and ends
+with a report whose every line is checked against what the generator knows it sent:
+
+- PostgreSQL balances: per account equal to the unique well-formed payments, so the sum of
+  balances equals the sum of unique amounts, with zero duplicates and zero losses;
+- Kafka balance updates (read_committed): no update twice, and each account's last update
+  equal to its balance;
+- per-minute totals, late events and dead letters: exactly the expected rows;
+- no prepared transaction left behind.
+
+Spark's own output (its log and its Python workers' prints) goes to ``<work dir>/spark.log``, so
+the terminal shows only the demo's lines.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import sys
+import tempfile
 import time
-from typing import Any
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
 
-from oncekit.connectors import KafkaConfig, Services, start_services
-from oncekit.connectors.kafka import create_topic
-from oncekit.verify import compare
+from oncekit.config import PipelineConfig
+from oncekit.generator import Workload, events
+
+if TYPE_CHECKING:
+    from oncekit.core.query import OncekitQuery
+    from oncekit.pipeline import ReferencePipeline
 
 logger = logging.getLogger(__name__)
 
-TOPIC = "oncekit-demo"
-TABLE = "oncekit_demo"
+CRASH_POINT = "task_after_pre_commit"
+CRASH_BATCH = 1
 
 
-def produce(kafka: KafkaConfig, records: int) -> list[str]:
-    """Produce ``records`` values in a committed transaction and as many in an aborted one;
-    return the committed values."""
-    from confluent_kafka import Producer
+@dataclass
+class Expected:
+    """What the pipeline must output for a workload, computed from the generator's own records
+    with the pipeline's rules (first occurrence of an event id wins; per account, a payment
+    older than the newest event time seen minus the allowed lateness is late)."""
 
-    producer = Producer(kafka.settings(transactional_id="oncekit-demo-producer", linger_ms=5))
-    producer.init_transactions(30)
-    committed = [f"event-{i}" for i in range(records)]
-    for values in (committed, [f"aborted-{i}" for i in range(records)]):
-        producer.begin_transaction()
-        for i, value in enumerate(values):
-            producer.produce(TOPIC, key=str(i).encode(), value=value.encode())
-            producer.poll(0)
-        if values is committed:
-            producer.commit_transaction(30)
+    produced: int = 0
+    duplicates: int = 0
+    malformed: int = 0
+    balances: dict[int, tuple[int, int]] = field(default_factory=dict)
+    totals: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
+    late: set[str] = field(default_factory=set)
+
+    @property
+    def unique(self) -> int:
+        return sum(events for _, events in self.balances.values())
+
+    @property
+    def amount(self) -> int:
+        return sum(balance for balance, _ in self.balances.values())
+
+
+def expected(workload: Workload, allowed_lateness_s: int) -> Expected:
+    """The expected output of ``workload`` (see :class:`Expected`)."""
+    out = Expected()
+    seen: set[str] = set()
+    clocks: dict[int, int] = {}
+    for event in events(workload):
+        out.produced += 1
+        if event.key == b"malformed":
+            out.malformed += 1
+            continue
+        payment = json.loads(event.value)
+        if payment["event_id"] in seen:
+            out.duplicates += 1
+            continue
+        seen.add(payment["event_id"])
+        account, amount = int(payment["account_id"]), int(payment["amount_cents"])
+        event_ms = int(datetime.fromisoformat(payment["event_time"]).timestamp() * 1000)
+        balance, count = out.balances.get(account, (0, 0))
+        out.balances[account] = (balance + amount, count + 1)
+        clock = clocks.get(account)
+        if clock is not None and event_ms < clock - allowed_lateness_s * 1000:
+            out.late.add(payment["event_id"])
         else:
-            producer.flush(30)
-            producer.abort_transaction(30)
-    return committed
+            minute = event_ms // 60_000 * 60_000
+            total, n = out.totals.get((account, minute), (0, 0))
+            out.totals[(account, minute)] = (total + amount, n + 1)
+        clocks[account] = event_ms if clock is None else max(clock, event_ms)
+    return out
 
 
-def run(services: Services, records: int = 1000) -> dict[str, Any]:
-    """Run the smoke pipeline against ``services``; returns what it saw."""
-    import tempfile
+@dataclass
+class Observed:
+    """What the pipeline's outputs hold, read from PostgreSQL and a read_committed consumer."""
 
+    balances: dict[int, tuple[int, int]]
+    totals: dict[tuple[int, int], tuple[int, int]]
+    late: list[str]
+    dead_letters: int
+    dead_letter_reasons: Counter[str]
+    updates: list[tuple[int, int, int]]  # (account, events, balance) per Kafka record
+    prepared: int
+
+
+def read_committed(bootstrap: str, topic: str, idle_s: float = 3.0) -> list[bytes]:
+    """Every committed value in ``topic``: a read_committed consumer from the beginning until
+    nothing new arrives for ``idle_s``."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"oncekit-demo-check-{time.monotonic_ns()}",
+                         "isolation.level": "read_committed", "enable.auto.commit": False,
+                         "enable.partition.eof": False})
+    try:
+        partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
+        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+        values: list[bytes] = []
+        quiet_since = time.monotonic()
+        while time.monotonic() - quiet_since < idle_s:
+            messages = consumer.consume(num_messages=10_000, timeout=0.5)
+            for message in messages:
+                value = message.value()
+                if message.error() is None and value is not None:
+                    values.append(value)
+            if messages:
+                quiet_since = time.monotonic()
+        return values
+    finally:
+        consumer.close()
+
+
+def observe(config: PipelineConfig) -> Observed:
+    """Read every output of the pipeline."""
     import psycopg
+    from psycopg import sql
 
-    from oncekit.core.query import start_query
+    tables = config.tables
+
+    def table(name: str) -> sql.Identifier:
+        return sql.Identifier(*name.split(".", 1))
+
+    with psycopg.connect(config.postgres_dsn(), autocommit=True) as conn:
+        balances = {int(a): (int(b), int(n)) for a, b, n in conn.execute(
+            sql.SQL("SELECT account_id, balance_cents, events FROM {}").format(table(tables.balances)))}
+        totals = {(int(a), int(m.timestamp() * 1000)): (int(t), int(n)) for a, m, t, n in conn.execute(
+            sql.SQL("SELECT account_id, minute, total_cents, events FROM {}").format(table(tables.minute_totals)))}
+        late = [str(e) for (e,) in conn.execute(sql.SQL("SELECT event_id FROM {}").format(table(tables.late_events)))]
+        reasons = Counter(str(r) for (r,) in conn.execute(
+            sql.SQL("SELECT reason FROM {}").format(table(tables.dead_letters))))
+        row = conn.execute("SELECT count(*) FROM pg_prepared_xacts WHERE starts_with(gid, 'oncekit:')").fetchone()
+    updates = []
+    for value in read_committed(config.kafka_bootstrap(), config.topics.balance_updates):
+        update = json.loads(value)
+        updates.append((int(update["account_id"]), int(update["events"]), int(update["balance_cents"])))
+    return Observed(balances, totals, late, sum(reasons.values()), reasons, updates, int(row[0]) if row else 0)
+
+
+@dataclass
+class Report:
+    """The demo's verdict: one line per invariant, each OK or FAILED."""
+
+    lines: list[tuple[str, str, bool]]
+    restarts: int
+    seconds: float
+    produced: int
+
+    @property
+    def ok(self) -> bool:
+        return all(ok for _, _, ok in self.lines)
+
+    @property
+    def events_per_s(self) -> float:
+        return self.produced / self.seconds if self.seconds else 0.0
+
+    def text(self) -> str:
+        width = max(len(name) for name, _, _ in self.lines)
+        rows = [f"  {name:<{width}}  {detail}  {'OK' if ok else 'FAILED'}" for name, detail, ok in self.lines]
+        verdict = "exactly-once: OK" if self.ok else "exactly-once: FAILED"
+        return "\n".join(["report", *rows,
+                          f"  {'throughput':<{width}}  {self.events_per_s:,.0f} events/s ({self.produced:,} records in "
+                          f"{self.seconds:.1f} s, restarts and recovery included)", verdict])
+
+
+def check(want: Expected, got: Observed, restarts: int, seconds: float) -> Report:
+    """Compare the outputs with the expectation, line by line."""
+    balance_sum = sum(b for b, _ in got.balances.values())
+    counted = sum(n for _, n in got.balances.values())
+    lost = sum(max(0, n - got.balances.get(a, (0, 0))[1]) for a, (_, n) in want.balances.items())
+    repeated = sum(max(0, n - want.balances.get(a, (0, 0))[1]) for a, (_, n) in got.balances.items())
+    update_keys = Counter((a, n) for a, n, _ in got.updates)
+    twice = sum(c - 1 for c in update_keys.values() if c > 1)
+    last: dict[int, tuple[int, int]] = {}
+    for account, n, balance in got.updates:
+        if n >= last.get(account, (-1, 0))[0]:
+            last[account] = (n, balance)
+    final_ok = {a: (b, n) for a, (n, b) in last.items()} == want.balances
+    totals_diff = sum(1 for k in set(want.totals) | set(got.totals) if want.totals.get(k) != got.totals.get(k))
+    lines = [
+        ("payments produced", f"{want.produced:,} records ({want.duplicates} upstream duplicates, {want.malformed} malformed)", True),
+        ("sum of balances", f"{balance_sum:,} cents == sum of {want.unique:,} unique amounts {want.amount:,}",
+         balance_sum == want.amount and got.balances == want.balances),
+        ("duplicates", f"{repeated} (payments counted {counted:,}, unique {want.unique:,})", repeated == 0),
+        ("losses", f"{lost}", lost == 0 and got.balances == want.balances),
+        ("balance updates (Kafka)", f"{len(got.updates):,} read_committed, {twice} repeated, last per account == balance",
+         twice == 0 and final_ok),
+        ("per-minute totals", f"{len(got.totals):,} (account, minute) rows, {totals_diff} differ", totals_diff == 0),
+        ("late events", f"{len(got.late)} (expected {len(want.late)})",
+         sorted(got.late) == sorted(want.late)),
+        ("dead letters", f"{got.dead_letters} (expected {want.malformed}), {len(got.dead_letter_reasons)} distinct reasons",
+         got.dead_letters == want.malformed),
+        ("prepared transactions left", f"{got.prepared}", got.prepared == 0),
+        ("restarts", f"{restarts} (crash point {CRASH_POINT} at batch {CRASH_BATCH})", restarts >= 1),
+    ]
+    return Report(lines, restarts, seconds, want.produced)
+
+
+@contextmanager
+def spark_output_to(path: Path) -> Iterator[IO[str]]:
+    """Send this process's file descriptors 1 and 2 (which Spark's JVM and Python workers
+    inherit) to ``path``; yields the terminal as a text stream for the demo's own lines."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved_out, saved_err = os.dup(1), os.dup(2)
+    log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    terminal = os.fdopen(os.dup(saved_out), "w", buffering=1)
+    try:
+        yield terminal
+    finally:
+        terminal.flush()
+        os.dup2(saved_out, 1)
+        os.dup2(saved_err, 2)
+        os.close(saved_out)
+        os.close(saved_err)
+        terminal.close()
+
+
+class _Progress:
+    """Prints a line when something changed, at most every ``every_s`` seconds."""
+
+    def __init__(self, pipeline: ReferencePipeline, out: IO[str], total: int, every_s: float = 2.0) -> None:
+        self.pipeline, self.out, self.total, self.every_s = pipeline, out, total, every_s
+        self.last_line = ""
+        self.last_time = 0.0
+        self.started = time.monotonic()
+
+    def __call__(self, queries: list[OncekitQuery]) -> None:
+        now = time.monotonic()
+        if now - self.last_time < self.every_s:
+            return
+        self.last_time = now
+        try:
+            state = self.pipeline.progress()
+        except Exception as exc:  # progress is best effort; the queries decide success
+            logger.info("progress unavailable: %s", exc)
+            return
+        running = sum(1 for q in queries if q.isActive)
+        line = (f"batches committed {state['checkpoints']:>3} | records {state['records']:>7,}/{self.total:,} | "
+                f"prepared txns {state['prepared']:>2} | queries running {running}/{len(queries)}")
+        if line != self.last_line:
+            print(f"  [{now - self.started:6.1f} s] {line}", file=self.out, flush=True)
+            self.last_line = line
+
+
+def run(config: PipelineConfig, workload: Workload, work_dir: Path, out: IO[str], crash: bool = True) -> Report:
+    """Prepare, produce, run with one crash and restarts, check. Spark must not have started
+    in this process yet when ``crash`` is set (the crash directory reaches workers through the
+    environment)."""
+    from oncekit.connectors import KafkaConfig
+    from oncekit.core import crash as crash_points
     from oncekit.core.spark import spark_session
-    from oncekit.sinks.postgres import postgres_sink
-    from oncekit.sources.kafka import kafka_stream
+    from oncekit.generator import produce
+    from oncekit.pipeline import ReferencePipeline
 
-    kafka = KafkaConfig(services.kafka.bootstrap_servers)
-    create_topic(kafka, TOPIC, partitions=2)
-    with psycopg.connect(services.postgres.dsn, autocommit=True) as conn:
-        conn.execute(f"DROP TABLE IF EXISTS {TABLE}")
-        conn.execute(f"CREATE TABLE {TABLE} (topic text, partition int, kafka_offset bigint, value text)")
-    committed = produce(kafka, records)
-
+    pipeline = ReferencePipeline(config, str(work_dir / "checkpoint"))
+    pipeline.prepare()
+    started = time.monotonic()
+    sent = produce(KafkaConfig(config.kafka_bootstrap()), config.topics.payments, workload)
+    print(f"produced {sent:,} payment records to {config.topics.payments} in {time.monotonic() - started:.1f} s "
+          f"(seed {workload.seed})", file=out, flush=True)
+    want = expected(workload, config.pipeline.allowed_lateness_s)
+    if crash:
+        crash_points.arm(os.environ[crash_points.CRASH_DIR_ENV], CRASH_POINT, CRASH_BATCH)
     spark = spark_session("oncekit-demo")
-    dsn = services.postgres.dsn
-    stream = kafka_stream(spark, kafka.bootstrap_servers, TOPIC, max_offsets_per_trigger=max(1, records // 4)).selectExpr(
-        "topic", "partition", "offset AS kafka_offset", "CAST(value AS STRING) AS value")
+    print(f"pipeline: {len(pipeline.queries(spark))} queries, checkpoints under {pipeline.checkpoint}, restart "
+          f"strategy {config.restart_strategy()}", file=out, flush=True)
+    if crash:
+        print(f"armed crash point {CRASH_POINT} at batch {CRASH_BATCH}: one task will die mid-run", file=out, flush=True)
+
+    def restarted(attempt: int, error: BaseException) -> None:
+        reason = str(error).splitlines()[0][:120]
+        print(f"  !! pipeline failed ({reason}); restart {attempt} from the checkpoints", file=out, flush=True)
+
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="oncekit-demo-") as checkpoint:
-        sink = postgres_sink(dsn, TABLE, "two-phase-commit")
-        start_query(stream, sink, checkpoint, trigger={"availableNow": True}).await_termination()
-    elapsed = time.monotonic() - started
-    with psycopg.connect(dsn) as conn:
-        arrived = [row[0] for row in conn.execute(f"SELECT value FROM {TABLE}")]
-    verdict = compare(committed, arrived)
-    return {"committed": len(committed), "arrived": len(arrived), "verdict": verdict, "seconds": round(elapsed, 1),
-            "sample": sorted(arrived)[:3]}
+    restarts = pipeline.run_supervised(spark, tick=_Progress(pipeline, out, sent), on_restart=restarted)
+    seconds = time.monotonic() - started
+    state = pipeline.progress()
+    print(f"  done: batches committed {state['checkpoints']}, records {state['records']:,}, "
+          f"prepared txns {state['prepared']}", file=out, flush=True)
+    return check(want, observe(config), restarts, seconds)
 
 
-def main(backend: str = "auto", records: int = 1000) -> int:
+def main(backend: str | None = None, records: int = 20_000, config_path: str | None = None, seed: int = 7,
+         crash: bool = True) -> int:
+    """``oncekit demo``: returns 0 when every line of the report is OK."""
+    from oncekit import config as pipeline_config
+    from oncekit.connectors import start_services
+    from oncekit.core.crash import CRASH_DIR_ENV
+
+    # About four batches per query, so that the crash at batch 1 falls mid-run.
+    config = pipeline_config.load(config_path, {"services.backend": backend,
+                                                "pipeline.max_offsets_per_trigger": max(500, records // 4)})
+    work_dir = Path(tempfile.mkdtemp(prefix="oncekit-demo-"))
+    # Python workers read the crash directory at import; they inherit it from this environment.
+    os.environ[CRASH_DIR_ENV] = str(work_dir / "crash")
+    workload = Workload(count=records, accounts=50, duplicates=0.01, late=0.02, malformed=0.005, seed=seed)
     started = time.monotonic()
-    services = start_services(backend)
-    print(f"services ({services.backend}): kafka {services.kafka.bootstrap_servers}, "
-          f"postgres ready ({time.monotonic() - started:.1f} s)")
+    services = start_services(config.services.backend)
+    print(f"services ({services.backend}): kafka {services.kafka.bootstrap_servers}, postgres ready "
+          f"({time.monotonic() - started:.1f} s)", flush=True)
     with services.running():
-        report = run(services, records)
-    print(f"produced {report['committed']} committed records (and {report['committed']} in an aborted transaction)")
-    print(f"arrived in postgres table {TABLE}: {report['arrived']} rows in {report['seconds']} s, e.g. {report['sample']}")
-    print(report["verdict"].summary())
-    ok = report["verdict"].exactly_once
-    print("smoke run: OK" if ok else "smoke run: FAILED")
-    return 0 if ok else 1
+        config = config.with_services(services.kafka.bootstrap_servers, services.postgres.dsn)
+        print(f"spark log: {work_dir / 'spark.log'}", flush=True)
+        with spark_output_to(work_dir / "spark.log") as out:
+            report = run(config, workload, work_dir, out, crash)
+            print(report.text(), file=out, flush=True)
+    return 0 if report.ok else 1
