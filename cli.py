@@ -1,10 +1,12 @@
-"""The ``oncekit`` command line: ``services up|down|status``, ``demo``, ``produce`` and ``verify``."""
+"""The ``oncekit`` command line: ``services up|down|status``, ``demo``, ``produce``, ``verify``,
+``pipeline run``, ``savepoint create|list|restore|delete`` and ``doctor``."""
 
 from __future__ import annotations
 
 import argparse
 import logging
 import sys
+from typing import Any
 
 from oncekit.connectors.base import redact_dsn
 from oncekit.connectors.services import BACKENDS
@@ -97,6 +99,137 @@ def _produce(args: argparse.Namespace) -> int:
     return 0
 
 
+def _pipeline_config(args: argparse.Namespace) -> Any:
+    """The pipeline config: packaged defaults, ``--config``, then flags; addresses fall back on
+    the services 'oncekit services up' started."""
+    from oncekit import config
+    from oncekit.connectors.services import load_state
+
+    loaded = config.load(getattr(args, "config", None), {
+        "services.kafka_bootstrap": getattr(args, "bootstrap", None),
+        "services.postgres_dsn": getattr(args, "dsn", None),
+        "pipeline.checkpoint": getattr(args, "checkpoint", None),
+    })
+    if not (loaded.kafka_bootstrap() and loaded.postgres_dsn()):
+        running = load_state()
+        if running is not None:
+            loaded = loaded.with_services(loaded.kafka_bootstrap() or running.kafka.bootstrap_servers,
+                                          loaded.postgres_dsn() or running.postgres.dsn)
+    return loaded
+
+
+def _pipeline(args: argparse.Namespace) -> int:
+    import json
+    import os
+    from pathlib import Path
+
+    from oncekit.core.spark import spark_session
+    from oncekit.pipeline import ReferencePipeline
+
+    pipeline = ReferencePipeline(_pipeline_config(args))
+    spark = spark_session("oncekit-pipeline")
+    if args.from_savepoint:
+        restored = pipeline.restore(spark, args.from_savepoint)
+        print(f"restored savepoint {restored.name} into {pipeline.checkpoint}")
+    pipeline.prepare()
+    root = Path(pipeline.checkpoint)
+    root.mkdir(parents=True, exist_ok=True)
+    running, request = root / "_running", root / "_savepoint_request.json"
+    running.write_text(str(os.getpid()))
+    try:
+        restarts = pipeline.run_supervised(spark, should_stop=request.exists)
+        if request.exists():
+            wanted = json.loads(request.read_text())
+            saved = pipeline.savepoint(spark, wanted["into"], wanted["name"])
+            request.unlink()
+            print(f"stopped with savepoint {saved.name} at {saved.path}")
+    finally:
+        running.unlink(missing_ok=True)
+    print(f"pipeline finished ({restarts} restarts); checkpoints under {pipeline.checkpoint}")
+    return 0
+
+
+def _savepoint(args: argparse.Namespace) -> int:
+    import json
+    import time
+    from datetime import datetime, timezone
+    from pathlib import Path
+
+    from oncekit.core import savepoint
+
+    into = Path(args.dir)
+    if args.action == "list":
+        for found in savepoint.list_savepoints(into):
+            print(found.describe())
+        return 0
+    if args.action == "delete":
+        savepoint.delete(into / args.name)
+        print(f"deleted savepoint {args.name}")
+        return 0
+    from oncekit.core.spark import spark_session
+    from oncekit.pipeline import ReferencePipeline
+
+    pipeline = ReferencePipeline(_pipeline_config(args))
+    if args.action == "restore":
+        restored = pipeline.restore(spark_session("oncekit-savepoint"), str(into / args.name))
+        print(f"restored {restored.name} into {pipeline.checkpoint}; start it with: oncekit pipeline run "
+              f"--checkpoint {pipeline.checkpoint}")
+        return 0
+    name = args.name or datetime.now(timezone.utc).strftime("savepoint-%Y%m%dT%H%M%SZ")
+    root = Path(pipeline.checkpoint)
+    pid = (root / "_running").read_text().strip() if (root / "_running").exists() else ""
+    if pid.isdigit() and Path(f"/proc/{pid}").exists():  # a running pipeline stops itself with the savepoint
+        (root / "_savepoint_request.json").write_text(json.dumps({"into": str(into.absolute()), "name": name}))
+        deadline = time.monotonic() + args.timeout
+        while not (into / name / savepoint.METADATA).exists():
+            if time.monotonic() > deadline:
+                raise savepoint.SavepointError(f"the pipeline (pid {pid}) did not take savepoint {name} "
+                                               f"within {args.timeout} s")
+            time.sleep(0.5)
+        created = savepoint.load(into / name)
+    else:
+        created = savepoint.create(root, into, name, pipeline.fingerprints(spark_session("oncekit-savepoint")))
+    print(f"savepoint {created.name} at {created.path}: {created.describe()}")
+    return 0
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from oncekit import doctor
+
+    checks = doctor.run(_pipeline_config(args))
+    print(doctor.table(checks))
+    failed = [c for c in checks if c.status == doctor.FAIL]
+    print(f"{len(checks)} checks: {len(failed)} failed" if failed else f"{len(checks)} checks passed")
+    return 1 if failed else 0
+
+
+def _add_pipeline_commands(commands: Any) -> None:
+    """``pipeline run``, ``savepoint create|list|restore|delete`` and ``doctor``."""
+    def config_flags(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--config", help="pipeline config file (TOML); flags override it")
+        parser.add_argument("--bootstrap", help="Kafka bootstrap servers")
+        parser.add_argument("--dsn", help="PostgreSQL connection string (prefer ONCEKIT_POSTGRES_DSN: flags show in ps)")
+        parser.add_argument("--checkpoint", help="checkpoint location of the pipeline")
+
+    run = commands.add_parser("pipeline", help="run the reference pipeline under its restart strategy")
+    run.add_argument("action", choices=["run"])
+    run.add_argument("--from-savepoint", help="a savepoint folder to start from (the checkpoint location must be new)")
+    config_flags(run)
+    run.set_defaults(run=_pipeline)
+
+    saving = commands.add_parser("savepoint", help="create, list, restore or delete savepoints of the pipeline")
+    saving.add_argument("action", choices=["create", "list", "restore", "delete"])
+    saving.add_argument("name", nargs="?", help="savepoint name (create: default a timestamp)")
+    saving.add_argument("--dir", default=".oncekit/savepoints", help="where savepoints live")
+    saving.add_argument("--timeout", type=float, default=300.0, help="create: how long to wait for a running pipeline")
+    config_flags(saving)
+    saving.set_defaults(run=_savepoint)
+
+    doctor = commands.add_parser("doctor", help="preflight checks of Java, Spark, Kafka and PostgreSQL")
+    config_flags(doctor)
+    doctor.set_defaults(run=_doctor)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="oncekit", description="Exactly-once Spark pipelines from Kafka into Kafka and PostgreSQL")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO")
@@ -139,6 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--backend", choices=BACKENDS, default="auto")
     check.add_argument("--json", help="write the results to this file")
     check.set_defaults(run=_verify)
+
+    _add_pipeline_commands(commands)
 
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
     from oncekit.core.query import OncekitQuery
+    from oncekit.core.savepoint import Savepoint
     from oncekit.sinks.base import SinkConfig
 
 logger = logging.getLogger(__name__)
@@ -313,7 +314,10 @@ class ReferencePipeline:
         # The processor's processing-time mode (for the TTL) makes Spark run a batch without data
         # after every batch, forever, and an availableNow query would never finish; expired ids
         # are dropped in the next batch with data instead.
-        spark.conf.set("spark.sql.streaming.noDataMicroBatches.enabled", "false")
+        # Each query copies the session's settings when it starts, so the session is left as it was.
+        no_data = "spark.sql.streaming.noDataMicroBatches.enabled"
+        previous = spark.conf.get(no_data)
+        spark.conf.set(no_data, "false")
         trigger = {"processingTime": f"{run.trigger_s} seconds"} if run.trigger_s > 0 else {"availableNow": True}
         self.active = []
         try:
@@ -323,6 +327,8 @@ class ReferencePipeline:
         except BaseException:
             self.stop()
             raise
+        finally:
+            spark.conf.set(no_data, previous or "true")
         return self.active
 
     def stop(self) -> None:
@@ -366,6 +372,36 @@ class ReferencePipeline:
         from oncekit.core.restart import supervise
 
         return supervise(lambda: self.run(spark, tick, should_stop), self.config.restart_strategy(), on_restart)
+
+    # -- savepoints ----------------------------------------------------------------------------
+
+    def stop_at_batch_boundary(self, timeout_s: float = 120.0) -> None:
+        """Stop every running query between two batches: wait (up to ``timeout_s``) until no
+        trigger is running, then stop. A batch that starts in between is re-run on restore."""
+        deadline = time.monotonic() + timeout_s
+        for query in self.active:
+            while query.isActive and query.status.get("isTriggerActive") and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if query.isActive:
+                query.stop()
+            else:
+                query.complete()
+
+    def savepoint(self, spark: SparkSession, into: str, name: str) -> Savepoint:
+        """Stop-with-savepoint: stop the running queries at a batch boundary (if any run) and
+        copy their checkpoints to ``<into>/<name>``. Called by the pipeline runner when
+        ``oncekit savepoint create`` asks, and by tests."""
+        from oncekit.core import savepoint
+
+        self.stop_at_batch_boundary()
+        return savepoint.create(self.checkpoint, into, name, self.fingerprints(spark))
+
+    def restore(self, spark: SparkSession, savepoint_path: str) -> Savepoint:
+        """Copy the savepoint into this pipeline's (new, empty) checkpoint location after
+        checking that its queries, sink ids and fingerprints are this pipeline's."""
+        from oncekit.core import savepoint
+
+        return savepoint.restore(savepoint_path, self.checkpoint, self.fingerprints(spark))
 
     # -- progress ------------------------------------------------------------------------------
 

@@ -1,0 +1,180 @@
+"""``oncekit doctor``: preflight checks of the machine and the configured Kafka and PostgreSQL.
+
+Each check answers with a status (ok, warn, fail), one line of detail and one line of fix. The
+checks catch what users of exactly-once pipelines trip over: a Java or Spark too old for the
+kit, a broker whose transaction settings make transactions time out or refuse the sinks'
+timeout, a server that forbids prepared transactions or runs SERIALIZABLE by default. Reuses
+:func:`oncekit.connectors.kafka.check_broker` and :func:`oncekit.connectors.postgres.check_server`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import shutil
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from oncekit.config import PipelineConfig
+from oncekit.connectors.base import redact_dsn
+from oncekit.core.errors import OncekitError
+
+OK, WARN, FAIL = "ok", "warn", "fail"
+
+SINK_TRANSACTION_TIMEOUT_MS = 60_000
+"""The Kafka sinks' default ``transaction_timeout_ms``; the broker must allow at least this."""
+
+
+@dataclass(frozen=True)
+class Check:
+    """One check's answer."""
+
+    name: str
+    status: str
+    detail: str
+    fix: str = ""
+
+
+def _java() -> Check:
+    import os
+
+    java = shutil.which("java", path=f"{os.environ['JAVA_HOME']}/bin") if os.environ.get("JAVA_HOME") else None
+    java = java or shutil.which("java")
+    fix = "install Java 17 or 21 (apt-get install openjdk-17-jre-headless) or set JAVA_HOME"
+    if java is None:
+        return Check("java", FAIL, "no java on PATH or in JAVA_HOME", fix)
+    try:
+        text = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30).stderr
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return Check("java", FAIL, f"{java} -version failed: {exc}", fix)
+    found = re.search(r'version "(\d+)(?:\.(\d+))?', text)
+    major = int(found.group(1)) if found else 0
+    if major == 1 and found and found.group(2):
+        major = int(found.group(2))
+    if major < 17:
+        return Check("java", FAIL, f"Java {major or '?'} at {java}; Spark 4 needs 17 or newer", fix)
+    return Check("java", OK, f"Java {major} at {java}")
+
+
+def _spark() -> Check:
+    try:
+        import pyspark
+    except ImportError:
+        return Check("spark", FAIL, "pyspark is not installed", "pip install 'pyspark>=4.2,<5'")
+    version = pyspark.__version__
+    major, minor = (int(p) for p in version.split(".")[:2])
+    if (major, minor) < (4, 1):
+        return Check("spark", FAIL, f"PySpark {version}; transformWithState needs 4.1 or newer", "pip install 'pyspark>=4.2,<5'")
+    missing = [m for m in ("google.protobuf", "grpc") if importlib.util.find_spec(m) is None]
+    if missing:
+        return Check("spark", FAIL, f"PySpark {version}, but {', '.join(missing)} missing (transformWithState needs them)",
+                     "pip install protobuf grpcio")
+    return Check("spark", OK, f"PySpark {version} with protobuf and grpcio (transformWithState, RocksDB state store)")
+
+
+def _kafka(config: PipelineConfig) -> list[Check]:
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
+
+    from oncekit.connectors.kafka import KafkaConfig, check_broker
+
+    bootstrap = config.kafka_bootstrap()
+    if not bootstrap:
+        return [Check("kafka", FAIL, "no bootstrap servers configured",
+                      "set [services] kafka_bootstrap, ONCEKIT_KAFKA_BOOTSTRAP, or run 'oncekit services up'")]
+    try:
+        check_broker(bootstrap)
+    except OncekitError as exc:
+        return [Check("kafka", FAIL, str(exc), "start the broker, or fix the bootstrap address; a single broker needs "
+                      "transaction.state.log.replication.factor=1 and transaction.state.log.min.isr=1")]
+    checks = [Check("kafka", OK, f"{bootstrap} answers and a transactional producer initialises")]
+    admin = AdminClient(KafkaConfig(bootstrap).settings())
+    try:
+        metadata = admin.list_topics(timeout=10)
+        brokers = len(metadata.brokers)
+        resource = ConfigResource(ConfigResource.Type.BROKER, str(sorted(metadata.brokers)[0]))
+        settings: dict[str, Any] = {k: v.value for k, v in admin.describe_configs([resource])[resource].result(timeout=30).items()}
+    except KafkaException as exc:
+        return [*checks, Check("kafka settings", WARN, f"cannot read the broker's settings: {exc.args[0]}",
+                               "grant DescribeConfigs on the cluster to check them")]
+    max_timeout = int(settings.get("transaction.max.timeout.ms") or 900_000)
+    checks.append(Check("kafka transaction.max.timeout.ms", OK if max_timeout >= SINK_TRANSACTION_TIMEOUT_MS else FAIL,
+                        f"{max_timeout} ms; the Kafka sinks ask for {SINK_TRANSACTION_TIMEOUT_MS} ms",
+                        "" if max_timeout >= SINK_TRANSACTION_TIMEOUT_MS else
+                        f"raise transaction.max.timeout.ms to at least {SINK_TRANSACTION_TIMEOUT_MS} on the brokers"))
+    for name in ("transaction.state.log.replication.factor", "transaction.state.log.min.isr",
+                 "offsets.topic.replication.factor"):
+        value = int(settings.get(name) or 1)
+        checks.append(Check(f"kafka {name}", OK if value <= brokers else FAIL, f"{value} with {brokers} broker(s)",
+                            "" if value <= brokers else f"set {name}={brokers} (or fewer) or add brokers; "
+                            "otherwise every transaction times out"))
+    expiration = int(settings.get("transactional.id.expiration.ms") or 604_800_000)
+    checks.append(Check("kafka transactional.id.expiration.ms", OK if expiration >= 3_600_000 else WARN,
+                        f"{expiration // 60_000} min", "" if expiration >= 3_600_000 else
+                        "raise it above the longest pipeline downtime, or batch markers of idle sinks expire"))
+    topic = config.topics.payments
+    exists = topic in metadata.topics
+    checks.append(Check(f"kafka topic {topic}", OK if exists else WARN,
+                        f"{len(metadata.topics[topic].partitions)} partitions" if exists else "missing",
+                        "" if exists else "the pipeline creates it; or: oncekit produce"))
+    checks.append(Check("kafka isolation level", OK, "the source reads read_committed (kafka.isolation.level)"))
+    return checks
+
+
+def _postgres(config: PipelineConfig) -> list[Check]:
+    import psycopg
+
+    from oncekit.connectors.postgres import check_server
+
+    dsn = config.postgres_dsn()
+    if not dsn:
+        return [Check("postgres", FAIL, "no connection string configured",
+                      "set [services] postgres_dsn, ONCEKIT_POSTGRES_DSN, or run 'oncekit services up'")]
+    try:
+        check_server(dsn)
+    except OncekitError as exc:
+        return [Check("postgres", FAIL, str(exc), "start the server, or fix the connection string")]
+    checks = [Check("postgres", OK, f"{redact_dsn(dsn)} accepts connections")]
+    with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
+        def show(name: str) -> str:
+            row = conn.execute(f"SHOW {name}").fetchone()
+            return str(row[0]) if row else ""
+
+        version = int(show("server_version_num") or 0)
+        prepared = int(show("max_prepared_transactions") or 0)
+        isolation = show("default_transaction_isolation")
+    checks.append(Check("postgres version", OK if version >= 110000 else FAIL, f"{version // 10000}",
+                        "" if version >= 110000 else "use PostgreSQL 11 or newer"))
+    wanted = 2 * config.topics.partitions
+    status = FAIL if prepared == 0 else WARN if prepared < wanted else OK
+    checks.append(Check("postgres max_prepared_transactions", status,
+                        f"{prepared}; two-phase commit holds up to {wanted} at once here",
+                        "" if status == OK else f"start postgres with -c max_prepared_transactions={max(64, wanted)} "
+                        "(needs a restart)"))
+    checks.append(Check("postgres default_transaction_isolation", WARN if isolation == "serializable" else OK, isolation,
+                        "set it to 'read committed': the sinks' upserts fail with serialization errors otherwise"
+                        if isolation == "serializable" else ""))
+    return checks
+
+
+def run(config: PipelineConfig) -> list[Check]:
+    """Every check, in order: the machine, Kafka, PostgreSQL. Never raises for a failed check."""
+    checks: list[Check] = []
+    steps: list[Callable[[], Check | list[Check]]] = [_java, _spark, lambda: _kafka(config), lambda: _postgres(config)]
+    for step in steps:
+        found = step()
+        checks.extend(found if isinstance(found, list) else [found])
+    return checks
+
+
+def table(checks: list[Check]) -> str:
+    """The checks as lines: status, name, detail, and the fix where there is one."""
+    width = max(len(c.name) for c in checks)
+    lines = []
+    for check in checks:
+        lines.append(f"{check.status.upper():<4}  {check.name:<{width}}  {check.detail}")
+        if check.fix:
+            lines.append(f"{'':<4}  {'':<{width}}  fix: {check.fix}")
+    return "\n".join(lines)
