@@ -1,0 +1,66 @@
+"""Savepoint files without Spark: what is copied, what is refused, list and delete."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from oncekit.core.savepoint import SavepointError, create, delete, list_savepoints, load, restore
+
+QUERIES = {"balances": {"sink_id": "balances", "fingerprint": "aaaa"},
+           "late_events": {"sink_id": "late-events", "fingerprint": "bbbb"}}
+
+
+def fake_checkpoint(root: Path) -> Path:
+    """Two queries; balances committed batches 0 and 1 and planned 2 (journaled, not committed)."""
+    for query in QUERIES:
+        for folder, batches in (("offsets", (0, 1, 2)), ("commits", (0, 1))):
+            (root / query / folder).mkdir(parents=True)
+            for batch in batches:
+                (root / query / folder / str(batch)).write_text("v1")
+        journal = root / query / "oncekit" / QUERIES[query]["sink_id"] / "journal"
+        journal.mkdir(parents=True)
+        for name in ("1.json", "1.done", "2.json"):
+            (journal / name).write_text("[]")
+        (root / query / "state" / "0").mkdir(parents=True)
+    return root
+
+
+def test_savepoint_create_copies_checkpoints_without_uncommitted_journal(tmp_path: Path) -> None:
+    saved = create(fake_checkpoint(tmp_path / "cp"), tmp_path / "sp", "first", QUERIES)
+    assert {q.name: q.batch_id for q in saved.queries} == {"balances": 1, "late_events": 1}
+    journal = Path(saved.path) / "balances" / "oncekit" / "balances" / "journal"
+    assert sorted(p.name for p in journal.iterdir()) == ["1.done", "1.json"]
+    assert (Path(saved.path) / "balances" / "offsets" / "2").exists()  # re-run on restore, like a restart
+    assert load(saved.path).queries == saved.queries and "pyspark" in saved.versions
+    assert [s.name for s in list_savepoints(tmp_path / "sp")] == ["first"]
+    with pytest.raises(SavepointError, match="already exists"):
+        create(tmp_path / "cp", tmp_path / "sp", "first", QUERIES)
+
+
+def test_savepoint_restore_into_new_location_then_delete(tmp_path: Path) -> None:
+    saved = create(fake_checkpoint(tmp_path / "cp"), tmp_path / "sp", "first", QUERIES)
+    restore(saved.path, tmp_path / "new", QUERIES)
+    assert (tmp_path / "new" / "late_events" / "commits" / "1").exists()
+    with pytest.raises(SavepointError, match="not empty"):
+        restore(saved.path, tmp_path / "new", QUERIES)
+    delete(saved.path)
+    assert list_savepoints(tmp_path / "sp") == []
+
+
+@pytest.mark.parametrize(("changed", "message"), [
+    ({**QUERIES, "balances": {"sink_id": "balances", "fingerprint": "cccc"}}, "operators, sink or output schema changed"),
+    ({**QUERIES, "balances": {"sink_id": "balances-v2", "fingerprint": "aaaa"}}, "sink id 'balances' in the savepoint"),
+    ({"balances": QUERIES["balances"]}, "queries differ"),
+])
+def test_savepoint_restore_mismatch_is_refused(tmp_path: Path, changed: dict[str, dict[str, str]], message: str) -> None:
+    saved = create(fake_checkpoint(tmp_path / "cp"), tmp_path / "sp", "first", QUERIES)
+    with pytest.raises(SavepointError, match=message):
+        restore(saved.path, tmp_path / "new", changed)
+    assert not (tmp_path / "new").exists()
+
+
+def test_savepoint_of_a_pipeline_that_never_ran_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(SavepointError, match="no checkpoint"):
+        create(tmp_path / "nothing", tmp_path / "sp", "first", QUERIES)
