@@ -32,3 +32,20 @@ def test_compose_postgres_allows_prepared_transactions() -> None:
 def test_pom_pins_the_same_kafka_release() -> None:
     pom = (COMPOSE.parent / "kafka" / "pom.xml").read_text()
     assert f"<kafka.version>{KAFKA_VERSION}</kafka.version>" in pom
+
+
+def test_compose_pipeline_builds_the_package_and_reaches_the_services_inside_the_network() -> None:
+    compose = yaml.safe_load(COMPOSE.read_text())
+    pipeline = compose["services"]["pipeline"]
+    dockerfile = (COMPOSE.parent / pipeline["build"]["context"] / pipeline["build"]["dockerfile"]).resolve()
+    text = dockerfile.read_text()
+    assert "pip install" in text and "openjdk-17" in text and 'ENTRYPOINT ["oncekit"]' in text
+    assert set(pipeline["depends_on"]) == {"kafka", "postgres"}
+    env = pipeline["environment"]
+    kafka_env = compose["services"]["kafka"]["environment"]
+    host, port = env["ONCEKIT_KAFKA_BOOTSTRAP"].split(":")
+    assert f"INTERNAL://{host}:{port}" in kafka_env["KAFKA_ADVERTISED_LISTENERS"]
+    assert f":{port}" in kafka_env["KAFKA_LISTENERS"] and "INTERNAL:PLAINTEXT" in kafka_env["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"]
+    assert "@postgres:5432/" in env["ONCEKIT_POSTGRES_DSN"]
+    assert pipeline["command"][:2] == ["pipeline", "run"]
+    assert any(v.endswith(":/data") for v in pipeline["volumes"])
