@@ -1,0 +1,119 @@
+"""The reference pipeline on real Kafka, PostgreSQL and Spark: ``oncekit demo`` as a new user
+runs it (crash, automatic restart, report), savepoints that continue exactly once, and a
+restore the pipeline refuses."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from oncekit import config as pipeline_config
+from oncekit.config import PipelineConfig
+from oncekit.connectors import KafkaConfig, Services
+from oncekit.core.savepoint import SavepointError, list_savepoints
+from oncekit.demo import check, expected, observe
+from oncekit.generator import Workload, produce
+from oncekit.pipeline import ReferencePipeline
+
+pytestmark = [pytest.mark.services, pytest.mark.spark]
+
+
+def config_for(services: Services, name: str, path: Path | None = None, **overrides: Any) -> PipelineConfig:
+    """The packaged config with topics and tables of this test's own."""
+    names = {
+        "topics.payments": f"{name}-payments".replace("_", "-"),
+        "topics.balance_updates": f"{name}-balance-updates".replace("_", "-"),
+        "tables.balances": f"{name}_balances", "tables.minute_totals": f"{name}_minutes",
+        "tables.late_events": f"{name}_late", "tables.dead_letters": f"{name}_dead",
+    }
+    if path is not None:  # the same as a file, for the console script
+        sections: dict[str, dict[str, Any]] = {}
+        for dotted, value in {**names, **overrides}.items():
+            section, key = dotted.split(".")
+            sections.setdefault(section, {})[key] = value
+        path.write_text("\n".join(f"[{s}]\n" + "\n".join(f"{k} = {v!r}" for k, v in kv.items()) for s, kv in sections.items())
+                        .replace("'", '"'))
+    loaded = pipeline_config.load(None, {**names, **overrides})
+    return loaded.with_services(services.kafka.bootstrap_servers, services.postgres.dsn)
+
+
+def test_oncekit_demo_console_script_crashes_restarts_and_reports_exactly_once(
+    services: Services, unique_name: str, tmp_path: Path,
+) -> None:
+    """As a new user would: the console script, against running services, with a config file.
+    The report must pass, and the invariants are checked again here from PostgreSQL and a
+    read_committed consumer."""
+    config_file = tmp_path / "pipeline.toml"
+    config = config_for(services, unique_name, config_file)
+    script = Path(sys.executable).with_name("oncekit")
+    env = {**os.environ, "ONCEKIT_KAFKA_BOOTSTRAP": services.kafka.bootstrap_servers,
+           "ONCEKIT_POSTGRES_DSN": services.postgres.dsn}
+    env.pop("ONCEKIT_CRASH_DIR", None)  # the demo brings its own
+    done = subprocess.run([str(script), "demo", "--backend", "external", "--records", "3000", "--seed", "11",
+                           "--config", str(config_file)], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "exactly-once: OK" in done.stdout
+    assert "pipeline failed" in done.stdout and "restart 1 from the checkpoints" in done.stdout
+    assert "events/s" in done.stdout
+    assert services.postgres.dsn not in done.stdout + done.stderr
+
+    workload = Workload(count=3000, accounts=50, duplicates=0.01, late=0.02, malformed=0.005, seed=11)
+    want = expected(workload, config.pipeline.allowed_lateness_s)
+    got = observe(config)
+    assert sum(b for b, _ in got.balances.values()) == want.amount
+    assert got.balances == want.balances  # zero duplicates, zero losses, per account
+    assert got.totals == want.totals
+    assert sorted(got.late) == sorted(want.late) and want.late
+    assert got.dead_letters == want.malformed > 0
+    assert got.prepared == 0
+    report = check(want, got, restarts=1, seconds=1.0)
+    assert report.ok, report.text()
+
+
+def run_once(spark: Any, pipeline: ReferencePipeline) -> None:
+    pipeline.run(spark, poll_s=0.2)
+
+
+def test_savepoint_create_then_restore_continues_exactly_once_and_mismatch_is_refused(
+    spark: Any, services: Services, kafka: KafkaConfig, unique_name: str, tmp_path: Path,
+) -> None:
+    config = config_for(services, unique_name, **{"pipeline.max_offsets_per_trigger": 1000})
+    first, second = (Workload(count=1000, accounts=20, late=0.05, seed=s) for s in (21, 22))
+    original = ReferencePipeline(config, str(tmp_path / "original"))
+    original.prepare()
+    produce(kafka, config.topics.payments, first)
+    run_once(spark, original)
+
+    saved = original.savepoint(spark, str(tmp_path / "savepoints"), "after-first")
+    assert [s.name for s in list_savepoints(tmp_path / "savepoints")] == ["after-first"]
+    assert {q.name: q.sink_id for q in saved.queries}["balances"] == "balances"
+    assert all(q.batch_id is not None for q in saved.queries)
+
+    changed = pipeline_config.load(None, {**_names(config), "pipeline.allowed_lateness_s": 120}).with_services(
+        config.kafka_bootstrap(), config.postgres_dsn())
+    with pytest.raises(SavepointError, match="operators, sink or output schema changed"):
+        ReferencePipeline(changed, str(tmp_path / "refused")).restore(spark, saved.path)
+    assert not (tmp_path / "refused").exists()
+
+    produce(kafka, config.topics.payments, second)
+    restored = ReferencePipeline(config, str(tmp_path / "restored"))
+    restored.restore(spark, saved.path)
+    with pytest.raises(SavepointError, match="not empty"):
+        restored.restore(spark, saved.path)
+    run_once(spark, restored)
+
+    want = expected([first, second], config.pipeline.allowed_lateness_s)
+    report = check(want, observe(config), restarts=0, seconds=1.0, crashed=False)
+    assert report.ok, report.text()
+
+
+def _names(config: PipelineConfig) -> dict[str, Any]:
+    return {"topics.payments": config.topics.payments, "topics.balance_updates": config.topics.balance_updates,
+            "tables.balances": config.tables.balances, "tables.minute_totals": config.tables.minute_totals,
+            "tables.late_events": config.tables.late_events, "tables.dead_letters": config.tables.dead_letters,
+            "pipeline.max_offsets_per_trigger": config.pipeline.max_offsets_per_trigger}
