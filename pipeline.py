@@ -345,7 +345,7 @@ class ReferencePipeline:
     def run(self, spark: SparkSession, tick: Callable[[list[OncekitQuery]], None] | None = None,
             should_stop: Callable[[], bool] | None = None, poll_s: float = 0.5) -> None:
         """One attempt: start every query and wait until all have finished (drained the topic) or
-        ``should_stop`` says so; ``tick`` is called every ``poll_s``. If a query fails, the others
+        ``should_stop`` says so (then they stop at a batch boundary); ``tick`` is called every ``poll_s``. If a query fails, the others
         are stopped and :class:`PipelineError` is raised (a restart resumes from the checkpoints)."""
         queries = self.start(spark)
         try:
@@ -355,7 +355,10 @@ class ReferencePipeline:
                     raise PipelineError(f"query {failed[0].name} failed: {failed[0].exception()}")
                 if tick is not None:
                     tick(queries)
-                if not any(q.isActive for q in queries) or (should_stop is not None and should_stop()):
+                if should_stop is not None and should_stop():
+                    self.stop_at_batch_boundary()
+                    break
+                if not any(q.isActive for q in queries):
                     break
                 time.sleep(poll_s)
         finally:
