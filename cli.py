@@ -57,19 +57,18 @@ def _verify(args: argparse.Namespace) -> int:
     def progress(done: int, total: int, result: verify.FaultResult) -> None:
         bar = "#" * (20 * done // total)
         print(f"[{bar:<20}] {done}/{total} {result.fault}: {result.verdict} "
-              f"(restarts {result.restarts}, recovery {result.recovery_s:.1f} s)", flush=True)
+              f"(batch {result.batch}, recovery {result.recovery_s:.1f} s)", flush=True)
 
     started = start_services(args.backend)
-    print(f"services ({started.backend}) ready; {args.faults} faults into {args.sink}, seed {args.seed}", flush=True)
+    print(f"services ({started.backend}) ready; {args.faults} faults into {args.pipeline}, seed {args.seed}", flush=True)
     with started.running() as services:
-        results = verify.run_campaign(args.sink, services, args.faults, args.seed, progress)
-    print(verify.table(args.sink, args.seed, results))
+        report = verify.run_campaign(args.pipeline, services, args.faults, args.seed, args.guarantee, progress)
+    print(verify.table(report))
     if args.json:
-        verify.write_json(args.json, args.sink, args.seed, results)
-    failed = [r for r in results if r.verdict != "exactly-once"]
-    if failed:
-        print(f"{len(failed)} faults not exactly-once; reproduce with: oncekit verify --sink {args.sink} "
-              f"--faults {args.faults} --seed {args.seed}")
+        verify.write_json(args.json, report)
+    if not report.passed:
+        print(f"not {report.guarantee}; reproduce with: oncekit verify --pipeline {args.pipeline} "
+              f"--faults {args.faults} --seed {args.seed}  (schedule: {'; '.join(r.fault for r in report.results)})")
         return 1
     return 0
 
@@ -250,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--no-crash", action="store_true", help="do not crash the pipeline mid-run")
     demo.set_defaults(run=_demo)
 
-    from oncekit.verify import SINKS
+    from oncekit.verify import EXAMPLES, GUARANTEES
 
     generate = commands.add_parser("produce", help="send payment events (with upstream faults) to Kafka")
     generate.add_argument("--bootstrap", help="Kafka bootstrap servers (default: the services oncekit started)")
@@ -265,8 +264,11 @@ def main(argv: list[str] | None = None) -> int:
     generate.add_argument("--seed", type=int, default=1)
     generate.set_defaults(run=_produce)
 
-    check = commands.add_parser("verify", help="crash the example pipeline and check exactly-once")
-    check.add_argument("--sink", choices=sorted(SINKS), default="postgres-two-phase-commit")
+    check = commands.add_parser("verify", help="inject faults into a pipeline and check its output")
+    check.add_argument("--pipeline", default="postgres-two-phase-commit",
+                       help=f"one of the kit's examples ({', '.join(EXAMPLES)}) or module:function")
+    check.add_argument("--guarantee", choices=GUARANTEES,
+                       help="what to check (default: what the example promises; exactly-once for yours)")
     check.add_argument("--faults", type=int, default=5)
     check.add_argument("--seed", type=int, default=1)
     check.add_argument("--backend", choices=BACKENDS, default="auto")

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from oncekit.connectors.base import redact_dsn
 from oncekit.core.errors import ConfigError, ServiceError
+
+if TYPE_CHECKING:
+    import psycopg
 
 MAX_PREPARED_TRANSACTIONS = 64
 """What the services oncekit starts allow (the server's default, 0, forbids two-phase commit)."""
@@ -25,12 +29,32 @@ class PostgresConfig:
         return f"PostgresConfig(dsn={redact_dsn(self.dsn)!r})"
 
 
+# A server cut off the network must fail a connection, not hang it: with no reply TCP would
+# wait for many minutes, so a task (and the whole query) would never fail and never retry.
+# Settings the DSN names itself win.
+NETWORK_TIMEOUTS = {"keepalives": "1", "keepalives_idle": "5", "keepalives_interval": "2",
+                    "keepalives_count": "3", "tcp_user_timeout": "15000"}
+
+
+def connect(dsn: str, autocommit: bool = False, connect_timeout: int = 10) -> psycopg.Connection[Any]:
+    """A psycopg connection that fails within seconds when the server's network is gone.
+    Every oncekit connection to PostgreSQL is made here."""
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    given = conninfo_to_dict(dsn)
+    defaults = {key: value for key, value in NETWORK_TIMEOUTS.items() if key not in given}
+    if "connect_timeout" not in given:
+        defaults["connect_timeout"] = str(connect_timeout)
+    return psycopg.connect(make_conninfo(dsn, **defaults), autocommit=autocommit)
+
+
 def check_server(dsn: str) -> None:
     """Raise unless the server accepts a connection and answers a query."""
     import psycopg
 
     try:
-        with psycopg.connect(dsn, connect_timeout=5, autocommit=True) as conn:
+        with connect(dsn, autocommit=True, connect_timeout=5) as conn:
             conn.execute("SELECT 1")
     except psycopg.Error as exc:
         # psycopg's message can quote the connection string; never pass it on unredacted.

@@ -47,10 +47,12 @@ def crash_point(name: str, batch_id: int, partition_id: int | None = None) -> No
         return
     if condition.get("partition") not in (None, partition_id) and partition_id is not None:
         return
+    fired_file = armed.with_name(name + ".fired")
     try:
-        armed.rename(armed.with_name(name + ".fired"))
+        armed.rename(fired_file)
     except FileNotFoundError:  # another process fired it first
         return
+    fired_file.write_text(json.dumps({"batch": batch_id, "partition": partition_id, "pid": os.getpid()}))
     logger.warning("crash point %s fired at batch %s partition %s (pid %s)", name, batch_id, partition_id, os.getpid())
     os._exit(CRASH_EXIT_CODE)
 
@@ -66,3 +68,24 @@ def arm(directory: str | Path, name: str, batch_id: int | None = None, partition
 def fired(directory: str | Path) -> list[str]:
     """Test helper: the points that have fired."""
     return sorted(p.name[: -len(".fired")] for p in Path(directory).glob("*.fired"))
+
+
+def fired_at(directory: str | Path, name: str) -> dict[str, int | None] | None:
+    """Where ``name`` fired (batch, partition, pid), or None if it has not (yet)."""
+    try:
+        text = (Path(directory) / f"{name}.fired").read_text()
+    except FileNotFoundError:
+        return None
+    try:
+        return dict(json.loads(text or "{}"))
+    except ValueError:  # renamed, not yet written
+        return {"batch": None, "partition": None, "pid": None}
+
+
+def disarm(directory: str | Path, name: str) -> bool:
+    """Remove an armed point that has not fired; True if there was one."""
+    try:
+        (Path(directory) / name).unlink()
+        return True
+    except FileNotFoundError:
+        return False

@@ -27,7 +27,8 @@ logger = logging.getLogger(__name__)
 
 class CheckpointListener(StreamingQueryListener):
     """Delivers checkpoint-complete notifications: on every progress event, commits every
-    journaled batch up to the reported one; when the query stops, commits all that completed."""
+    journaled batch up to the reported one; when the query is idle or stops, commits all that
+    completed."""
 
     def __init__(self) -> None:
         self._watched: dict[str, list[tuple[SinkConfig, str]]] = {}
@@ -56,7 +57,9 @@ class CheckpointListener(StreamingQueryListener):
         self._notify(str(event.progress.id), event.progress.batchId)
 
     def onQueryIdle(self, event: Any) -> None:
-        pass
+        # A notification that failed (the sink's service unreachable) is retried here, while
+        # no new batch comes whose recovery would retry it.
+        self._notify(str(event.id), None)
 
     def onQueryTerminated(self, event: Any) -> None:
         self._notify(str(event.id), None)

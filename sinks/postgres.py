@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from oncekit.connectors.base import redact_dsn
+from oncekit.connectors.postgres import connect
 from oncekit.core.base import (
     CommitError,
     CommitOutcome,
@@ -274,7 +275,7 @@ class _PostgresSink(Sink):
         import psycopg
 
         try:
-            conn = psycopg.connect(self.config.dsn, autocommit=autocommit, connect_timeout=30)
+            conn = connect(self.config.dsn, autocommit=autocommit)
         except psycopg.OperationalError as exc:
             raise OncekitError(f"{FORMAT} sink {self.sink_id}: cannot connect: {redact_dsn(str(exc)).strip()}") from exc
         conn.execute(f"SET lock_timeout = '{LOCK_TIMEOUT_S}s'")

@@ -12,6 +12,7 @@ from oncekit.connectors import KafkaConfig, Services
 from oncekit.core.crash import CRASH_EXIT_CODE, arm, fired
 from oncekit.verify import (
     COUNT,
+    PipelineContext,
     committed_output,
     compare,
     prepare_target,
@@ -35,10 +36,10 @@ def test_driver_process_dies_before_last_commit_restart_commits_it_once(
     target = unique_name if sink.startswith("postgres") else f"{topic}-out"
     prepare_target(sink, kafka, services.postgres.dsn, target)
     arm(crash_dir, point, batch_id=LAST_BATCH)
-    checkpoint = str(tmp_path / "checkpoint")
+    ctx = PipelineContext(services.kafka.bootstrap_servers, topic, target, str(tmp_path / "checkpoint"), services.postgres.dsn)
 
     def run() -> int:
-        return start_driver(sink, services, topic, target, checkpoint, str(crash_dir)).wait(timeout=600)
+        return start_driver(sink, ctx, str(crash_dir), drain=True).wait(timeout=600)
 
     assert run() == CRASH_EXIT_CODE  # the driver process itself died, not just the query
     assert fired(crash_dir) == [point]
