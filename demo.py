@@ -276,6 +276,32 @@ class _Progress:
             self.last_line = line
 
 
+def _require_empty(config: PipelineConfig) -> None:
+    """The report compares outputs with this run's workload alone: refuse topics or tables that
+    hold an earlier run's data (possible with ``--backend external``)."""
+    import psycopg
+    from confluent_kafka import Consumer, TopicPartition
+    from psycopg import sql
+
+    from oncekit.core.errors import ConfigError
+
+    with psycopg.connect(config.postgres_dsn(), autocommit=True) as conn:
+        for table in (config.tables.balances, config.tables.minute_totals, config.tables.late_events,
+                      config.tables.dead_letters):
+            if conn.execute(sql.SQL("SELECT 1 FROM {} LIMIT 1").format(sql.Identifier(*table.split(".", 1)))).fetchone():
+                raise ConfigError(f"demo: table {table} already holds rows; give the demo fresh names with --config "
+                                  "(tables, topics) or use services it starts itself")
+    consumer = Consumer({"bootstrap.servers": config.kafka_bootstrap(), "group.id": "oncekit-demo-check"})
+    try:
+        for topic in (config.topics.payments, config.topics.balance_updates):
+            partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
+            if any(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] > 0 for p in partitions):
+                raise ConfigError(f"demo: topic {topic} already holds records; give the demo fresh names with --config "
+                                  "(tables, topics) or use services it starts itself")
+    finally:
+        consumer.close()
+
+
 def run(config: PipelineConfig, workload: Workload, work_dir: Path, out: IO[str], crash: bool = True) -> Report:
     """Prepare, produce, run with one crash and restarts, check. Spark must not have started
     in this process yet when ``crash`` is set (the crash directory reaches workers through the
@@ -288,6 +314,7 @@ def run(config: PipelineConfig, workload: Workload, work_dir: Path, out: IO[str]
 
     pipeline = ReferencePipeline(config, str(work_dir / "checkpoint"))
     pipeline.prepare()
+    _require_empty(config)
     started = time.monotonic()
     sent = produce(KafkaConfig(config.kafka_bootstrap()), config.topics.payments, workload)
     print(f"produced {sent:,} payment records to {config.topics.payments} in {time.monotonic() - started:.1f} s "
@@ -302,7 +329,10 @@ def run(config: PipelineConfig, workload: Workload, work_dir: Path, out: IO[str]
         print(f"armed crash point {CRASH_POINT} at batch {CRASH_BATCH}: one task will die mid-run", file=out, flush=True)
 
     def restarted(attempt: int, error: BaseException) -> None:
-        reason = str(error).splitlines()[0][:120]
+        text = str(error)
+        query = text.split(" failed", 1)[0]
+        reason = (f"{query}: a task's Python worker died" if "Python worker exited unexpectedly" in text
+                  else text.splitlines()[0][:120])
         print(f"  !! pipeline failed ({reason}); restart {attempt} from the checkpoints", file=out, flush=True)
 
     started = time.monotonic()

@@ -258,7 +258,9 @@ class ReferencePipeline:
             timeMode="ProcessingTime")  # processing time: the dedup state's TTL
 
     def queries(self, spark: SparkSession) -> list[QuerySpec]:
-        """The five queries, in the order they start."""
+        """The five queries, in the order they start. Sink ids derive from the target tables and
+        topic (``pg-balances``...): they name prepared transactions and markers in the database,
+        so two pipelines sharing a database must write different tables."""
         from pyspark.sql import functions as F
 
         from oncekit.sinks.kafka import kafka_sink
@@ -271,32 +273,28 @@ class ReferencePipeline:
         return [
             QuerySpec("dead_letters",
                       self.parsed(spark).where("reason IS NOT NULL").select("kafka_partition", "kafka_offset", "raw", "reason"),
-                      postgres_sink(self.dsn, tables.dead_letters, "idempotent", sink_id="dead-letters",
-                                    key_columns=("kafka_partition", "kafka_offset"), on_conflict="nothing"),
+                      postgres_sink(self.dsn, tables.dead_letters, "idempotent", key_columns=("kafka_partition", "kafka_offset"), on_conflict="nothing"),
                       "append", ("parse",)),
             QuerySpec("balances", balances,
-                      postgres_sink(self.dsn, tables.balances, guarantees.balances, sink_id="balances",
-                                    key_columns=("account_id",)),
+                      postgres_sink(self.dsn, tables.balances, guarantees.balances, key_columns=("account_id",)),
                       "append", ("parse", processor)),
             QuerySpec("balance_updates",
                       self.processed(spark).where("kind = 'balance'").select(
                           F.col("account_id").cast("string").alias("key"),
                           F.to_json(F.struct("account_id", "balance_cents", "events")).alias("value")),
                       kafka_sink(self.bootstrap, self.config.topics.balance_updates, guarantees.balance_updates,
-                                 sink_id="balance-updates", partitions=self.config.topics.partitions),
+                                 partitions=self.config.topics.partitions),
                       "append", ("parse", processor)),
             QuerySpec("minute_totals",
                       self.processed(spark).where("kind = 'total'").select(
                           "account_id", F.timestamp_millis("minute_ms").alias("minute"), "total_cents", "events"),
-                      postgres_sink(self.dsn, tables.minute_totals, guarantees.minute_totals, sink_id="minute-totals",
-                                    key_columns=("account_id", "minute")),
+                      postgres_sink(self.dsn, tables.minute_totals, guarantees.minute_totals, key_columns=("account_id", "minute")),
                       "append", ("parse", processor)),
             QuerySpec("late_events",
                       self.processed(spark).where("kind = 'late'").select(
                           "event_id", "account_id", "amount_cents", F.timestamp_millis("event_ms").alias("event_time"),
                           F.timestamp_millis("watermark_ms").alias("watermark")),
-                      postgres_sink(self.dsn, tables.late_events, "idempotent", sink_id="late-events",
-                                    key_columns=("event_id",), on_conflict="nothing"),
+                      postgres_sink(self.dsn, tables.late_events, "idempotent", key_columns=("event_id",), on_conflict="nothing"),
                       "append", ("parse", processor)),
         ]
 
