@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -62,7 +63,7 @@ class Example:
     protocol: str
     guarantee: str  # what the configuration promises
     points: tuple[str, ...] = POINTS  # crash points its sink reaches
-    discards_checkpoint: bool = False  # known-bad: every (re)start begins afresh at the latest offsets
+    discards_checkpoint: bool = False  # known-bad: every (re)start deletes the checkpoint, reads from latest
 
 
 _NO_LATE_COMMIT = tuple(p for p in POINTS if p != "mid_commit")
@@ -144,24 +145,51 @@ def compare(expected: Iterable[Hashable], actual: Iterable[Hashable]) -> Verdict
 
 # -- input and output ------------------------------------------------------------------------
 
-def produce_input(kafka: KafkaConfig, topic: str, count: int = COUNT, partitions: int = 2, first: int = 0) -> list[int]:
-    """Values ``first``..``first+count-1`` over the partitions in one committed transaction, plus
-    50 negative ones in an aborted transaction that must never arrive. Returns the expected ids."""
+@dataclass(frozen=True)
+class Upstream:
+    """Faults of the input itself, as fractions of the records: ``duplicates`` are sent twice
+    (a producer retry: the output must carry them twice, as the input has them twice),
+    ``malformed`` records are not integers (the pipeline must drop or dead-letter them), ``late``
+    records carry a Kafka timestamp an hour old (an identity pipeline carries them)."""
+
+    duplicates: float = 0.0
+    malformed: float = 0.0
+    late: float = 0.0
+    seed: int = 0
+
+
+def produce_input(kafka: KafkaConfig, topic: str, count: int = COUNT, partitions: int = 2, first: int = 0,
+                  upstream: Upstream | None = None) -> list[int]:
+    """Values ``first``..``first+count-1`` over the partitions in one committed transaction (with
+    ``upstream``'s duplicates, malformed and late records mixed in), plus 50 negative ones in an
+    aborted transaction that must never arrive. Returns the expected ids, as a multiset."""
     from confluent_kafka import Producer
 
+    upstream = upstream or Upstream()
+    rng = random.Random(f"{upstream.seed}-{first}")
+    late_ms = int((time.time() - 3600) * 1000)
+    records: list[tuple[bytes, int, int | None]] = []
+    expected: list[int] = []
+    for i in range(first, first + count):
+        late = late_ms if rng.random() < upstream.late else None
+        copies = 2 if rng.random() < upstream.duplicates else 1
+        records += [(str(i).encode(), i % partitions, late)] * copies
+        expected += [i] * copies
+        if rng.random() < upstream.malformed:
+            records.append((f"malformed-{i}".encode(), i % partitions, None))
     producer = Producer(kafka.settings(transactional_id=f"input-{topic}", linger_ms=5))
     producer.init_transactions(30)
-    committed = range(first, first + count)
-    for ids, commit in ((committed, True), (range(-first - 50, -first), False)):
+    aborted = [(str(i).encode(), i % partitions, None) for i in range(-first - 50, -first)]
+    for batch, commit in ((records, True), (aborted, False)):
         producer.begin_transaction()
-        for i in ids:
-            producer.produce(topic, value=str(i).encode(), partition=i % partitions)
+        for value, partition, timestamp in batch:
+            producer.produce(topic, value=value, partition=partition, timestamp=timestamp or 0)
         if commit:
             producer.commit_transaction(30)
         else:
             producer.flush(30)
             producer.abort_transaction(30)
-    return list(committed)
+    return expected
 
 
 def read_committed(kafka: KafkaConfig, topic: str, expected: int, timeout_s: float = 30.0) -> list[bytes]:
@@ -260,12 +288,12 @@ class PipelineContext:
 
 
 def integers(spark: Any, kafka: KafkaConfig, topic: str, per_batch: int = PER_BATCH, starting: str = "earliest") -> Any:
-    """The stream: one row (id, payload) per input record."""
+    """The stream: one row (id, payload) per well-formed input record; malformed ones are dropped."""
     from oncekit.sources.kafka import kafka_stream
 
     return kafka_stream(spark, kafka.bootstrap_servers, topic, max_offsets_per_trigger=per_batch,
                         starting_offsets=starting).selectExpr(
-        "CAST(CAST(value AS STRING) AS INT) AS id", "CAST(value AS STRING) AS payload")
+        "TRY_CAST(CAST(value AS STRING) AS INT) AS id", "CAST(value AS STRING) AS payload").where("id IS NOT NULL")
 
 
 def example_sink(sink: str, kafka: KafkaConfig, dsn: str, target: str) -> SinkConfig:
@@ -290,11 +318,10 @@ def start_example(sink: str, spark: Any, ctx: PipelineContext) -> Any:
     from oncekit.core.query import start_query
 
     kafka = KafkaConfig(ctx.bootstrap_servers)
-    checkpoint = ctx.checkpoint
     if EXAMPLES[sink].discards_checkpoint:  # the operator's mistake this example stands for
-        checkpoint = f"{ctx.checkpoint}-{time.monotonic_ns()}"
+        shutil.rmtree(ctx.checkpoint, ignore_errors=True)
     return start_query(example_frame(sink, spark, kafka, ctx.input_topic, ctx.max_offsets_per_trigger),
-                       example_sink(sink, kafka, ctx.dsn, ctx.output), checkpoint, trigger=ctx.trigger)
+                       example_sink(sink, kafka, ctx.dsn, ctx.output), ctx.checkpoint, trigger=ctx.trigger)
 
 
 def prepare_target(sink: str, kafka: KafkaConfig, dsn: str, target: str) -> None:
@@ -493,6 +520,10 @@ class _Driver:
                 raise VerifyError(f"pipeline {self.pipeline}: the driver did not start its query "
                                   f"(exit {self.process.poll()}); see {self.log}")
             time.sleep(0.2)
+        while first and _latest(Path(self.ctx.checkpoint) / "offsets") is None and time.monotonic() < deadline:
+            # The first trigger plans an empty batch 0 at the starting offsets; a crash point armed
+            # for "the next batch" must not be spent on it.
+            time.sleep(0.2)
 
     def kill(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -525,7 +556,7 @@ class Campaign:
 
     def __init__(self, pipeline: str, services: Services, name: str, work: Path,
                  chunk: int = CHUNK, per_batch: int = PER_BATCH, env: dict[str, str] | None = None,
-                 catch_up_s: float = 240.0, quiet_s: float = 30.0) -> None:
+                 catch_up_s: float = 240.0, quiet_s: float = 30.0, upstream: Upstream | None = None) -> None:
         from oncekit.connectors import KafkaConfig
         from oncekit.connectors.kafka import create_topic
 
@@ -544,6 +575,8 @@ class Campaign:
         self.kafka_output = KafkaOutput(self.kafka, output) if self.kind == "kafka" else None
         self.driver = _Driver(pipeline, self.ctx, self.crash_dir, work / "driver.log", env or {})
         self.expected: list[int] = []
+        self.upstream = upstream
+        self.produced = 0
 
     def output(self) -> list[int]:
         if self.kafka_output is not None:
@@ -561,9 +594,11 @@ class Campaign:
         """Produce the next chunk, inject ``fault``, wait for the output to catch up, check."""
         restarts_before, driver_before = self.query_restarts(), self.driver.restarts
         self.driver.ensure_running()
-        if fault.kind == "crash":
-            arm(self.crash_dir, fault.point or "")
-        self.expected += produce_input(self.kafka, self.ctx.input_topic, self.chunk, first=len(self.expected))
+        if fault.kind == "crash":  # the next batch, the first to read the chunk produced below
+            arm(self.crash_dir, fault.point or "", (self.batch_in_flight() or 0) + 1)
+        self.expected += produce_input(self.kafka, self.ctx.input_topic, self.chunk, first=self.produced,
+                                       upstream=self.upstream)
+        self.produced += self.chunk
         ended, batch = self._inject(fault)
         caught_up, last_change = None, time.monotonic()
         seen: tuple[int, int | None, int | None] | None = None
@@ -579,10 +614,10 @@ class Campaign:
             progress = (len(got), self.batch_in_flight(), self.batch_committed())
             if progress != seen:  # quiet means: no new output and no batch planned or committed
                 seen, last_change = progress, time.monotonic()
-            if not (want - Counter(got)):
-                caught_up = time.monotonic()
-                time.sleep(1.0)  # duplicates that are still on their way would show
-                break
+            if not (want - Counter(got)) and self._idle():
+                caught_up = caught_up or time.monotonic()
+                if time.monotonic() - last_change > 2.0:  # settled: late duplicates would have shown
+                    break
             if time.monotonic() - last_change > self.quiet_s and self._idle():
                 break  # nothing more is coming: what is missing is lost
             time.sleep(0.3)
@@ -625,15 +660,16 @@ class Campaign:
             service.wait_ready()
         return time.monotonic(), batch
 
-    def finish(self) -> tuple[int | None, list[str]]:
-        """Stop the driver gracefully; returns its exit code and what it left behind (prepared
-        transactions, partitions with an open Kafka transaction)."""
+    def finish(self) -> tuple[int | None, Verdict, list[str]]:
+        """Stop the driver gracefully; returns its exit code, the verdict over all input, and
+        what it left behind (prepared transactions, partitions with an open Kafka transaction)."""
         code = self.driver.stop()
+        final = compare(self.expected, self.output())
         left = [f"prepared transaction {gid}" for gid in prepared_transactions(self.services.postgres.dsn)]
         if self.kafka_output is not None:
             left += [f"open transaction in {self.ctx.output}[{p}]" for p in self.kafka_output.open_transactions()]
             self.kafka_output.__exit__()
-        return code, left
+        return code, final, left
 
 
 @dataclass(frozen=True)
@@ -663,7 +699,7 @@ _ALLOWED = {"exactly-once": {"exactly-once"}, "at-least-once": {"exactly-once", 
 def run_campaign(pipeline: str, services: Services, faults: int | list[Fault], seed: int = 1,
                  guarantee: str | None = None, progress: Callable[[int, int, FaultResult], None] | None = None,
                  chunk: int = CHUNK, per_batch: int = PER_BATCH, env: dict[str, str] | None = None,
-                 work_dir: str | None = None) -> CampaignReport:
+                 work_dir: str | None = None, upstream: Upstream | None = None) -> CampaignReport:
     """Run ``pipeline`` under ``faults`` (a count drawn from ``seed``, or a given schedule) and
     check every verdict against ``guarantee`` (default: what the example promises, else
     exactly-once)."""
@@ -675,7 +711,7 @@ def run_campaign(pipeline: str, services: Services, faults: int | list[Fault], s
         seed, faults, example.points if example else POINTS, network_cuts=services.backend == "containers")
     name = f"{pipeline.replace(':', '-').replace('.', '-')}-{seed}-{time.time_ns() % 10**9}"
     with _work(work_dir) as work:
-        campaign = Campaign(pipeline, services, name, work, chunk, per_batch, env)
+        campaign = Campaign(pipeline, services, name, work, chunk, per_batch, env, upstream=upstream)
         results: list[FaultResult] = []
         try:
             for index, fault in enumerate(plan):
@@ -683,8 +719,7 @@ def run_campaign(pipeline: str, services: Services, faults: int | list[Fault], s
                 if progress is not None:
                     progress(index + 1, len(plan), results[-1])
         finally:
-            code, left = campaign.finish()
-        final = compare(campaign.expected, campaign.output())
+            code, final, left = campaign.finish()
         if code not in (0, None):
             left.append(f"driver exited with {code} when stopped")
         log = (work / "driver.log").read_text(errors="replace")[-4000:] if (work / "driver.log").exists() else ""

@@ -78,3 +78,19 @@ def crash_dir() -> Iterator[Path]:
     clear()
     yield directory
     clear()
+
+
+_CAMPAIGN_TABLES: list[str] = []
+
+
+@pytest.fixture(scope="session")
+def campaign_tables() -> list[str]:
+    """Fault-campaign tables, printed in the terminal summary (CI's log keeps them)."""
+    return _CAMPAIGN_TABLES
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _CAMPAIGN_TABLES:
+        terminalreporter.section("oncekit verify campaigns")
+        for text in _CAMPAIGN_TABLES:
+            terminalreporter.write_line(text + "\n")

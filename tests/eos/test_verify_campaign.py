@@ -1,27 +1,115 @@
-"""The fault campaign behind ``oncekit verify``: seeded crash points and driver kills, restarts,
-multiset verdicts; and the checker catching an at-least-once sink's duplicates."""
+"""The fault campaign behind ``oncekit verify``: seeded randomized campaigns against the kit's
+Postgres and Kafka sinks, one on a Spark standalone cluster, the known-bad configurations the
+checker must catch, and the command line as a new user runs it.
+
+``ONCEKIT_VERIFY_FAULTS`` (default 20) and ``ONCEKIT_VERIFY_SEED`` (default 2026) size the
+randomized campaigns: a longer campaign is one variable away. Every campaign's table is printed
+at the end of the run (see conftest's terminal summary) and written as JSON under
+``.oncekit/verify/``.
+"""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from oncekit.connectors import Services
-from oncekit.verify import Fault, run_campaign, run_fault, schedule, table
+from oncekit.connectors.spark_cluster import StandaloneCluster
+from oncekit.verify import CampaignReport, Fault, Upstream, run_campaign, schedule, table, write_json
 
 pytestmark = [pytest.mark.services, pytest.mark.spark]
+
+FAULTS = int(os.environ.get("ONCEKIT_VERIFY_FAULTS", "20"))
+SEED = int(os.environ.get("ONCEKIT_VERIFY_SEED", "2026"))
+REPORTS = Path(__file__).resolve().parents[2] / ".oncekit" / "verify"
+
+
+def record(report: CampaignReport, name: str, campaign_tables: list[str]) -> str:
+    """Keep the table for the end-of-run summary and the JSON for CI; return the table."""
+    REPORTS.mkdir(parents=True, exist_ok=True)
+    write_json(str(REPORTS / f"{name}.json"), report)
+    text = table(report)
+    campaign_tables.append(text)
+    return f"{text}\nreproduce: ONCEKIT_VERIFY_SEED={report.seed} ONCEKIT_VERIFY_FAULTS={len(report.results)}\n{report.log}"
 
 
 def test_schedule_is_reproducible_from_seed() -> None:
     assert schedule(11, 8) == schedule(11, 8)
     assert schedule(11, 8) != schedule(12, 8)
+    assert not any(f.kind.endswith("-cut") for f in schedule(11, 40, network_cuts=False))
 
 
-def test_campaign_two_phase_commit_every_fault_exactly_once(services: Services) -> None:
-    results = run_campaign("postgres-two-phase-commit", services, faults=4, seed=2026)
-    print("\n" + table("postgres-two-phase-commit", 2026, results))
-    assert [r.verdict for r in results] == ["exactly-once"] * 4, table("postgres-two-phase-commit", 2026, results)
+@pytest.mark.parametrize("pipeline", ["postgres-two-phase-commit", "kafka-transactional"])
+def test_randomized_campaign_every_fault_exactly_once(services: Services, pipeline: str,
+                                                      campaign_tables: list[str]) -> None:
+    upstream = Upstream(duplicates=0.02, malformed=0.01, late=0.02, seed=SEED)
+    report = run_campaign(pipeline, services, FAULTS, SEED, upstream=upstream)
+    text = record(report, pipeline, campaign_tables)
+    assert report.passed, text
+    assert [r.verdict for r in report.results] == ["exactly-once"] * FAULTS, text
+    assert sum(r.fired for r in report.results) >= FAULTS * 0.8, text  # the faults really happened
 
 
-def test_campaign_catches_at_least_once_duplicates(services: Services) -> None:
-    result = run_fault("postgres-at-least-once", services, Fault("crash", "task_after_pre_commit", 1), "alo-dup")
-    assert result.fired and result.verdict == "duplicates", result
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    standalone = StandaloneCluster(tmp_path_factory.mktemp("spark-cluster"), cores=2)
+    yield standalone.start()
+    standalone.stop()
+
+
+def test_campaign_on_standalone_cluster(services: Services, cluster: str, campaign_tables: list[str]) -> None:
+    """Executors are JVMs of their own with their own Python workers: a task crash is retried
+    on the executor, a driver crash restarts the query, and a driver kill loses the driver."""
+    faults = [Fault("crash", "task_after_pre_commit"), Fault("crash", "driver_after_journal"),
+              Fault("kill", delay_s=3.0), Fault("crash", "mid_commit")]
+    report = run_campaign("postgres-two-phase-commit", services, faults, seed=0, env={"SPARK_MASTER": cluster})
+    text = record(report, "postgres-two-phase-commit-standalone-cluster", campaign_tables)
+    assert report.passed and all(r.fired for r in report.results), text
+
+
+# -- known-bad configurations: the checker must catch each --------------------------------------
+
+@pytest.mark.parametrize("pipeline", ["postgres-at-least-once", "kafka-at-least-once"])
+def test_checker_catches_at_least_once_duplicates(services: Services, pipeline: str, campaign_tables: list[str]) -> None:
+    """Every task wrote and committed, then the driver's commit failed: the restarted query runs
+    the batch again and writes its rows again."""
+    report = run_campaign(pipeline, services, [Fault("crash", "driver_after_journal")], guarantee="exactly-once")
+    text = record(report, pipeline, campaign_tables)
+    assert report.results[0].fired and report.results[0].verdict == "duplicates", text
+    assert not report.passed, text
+
+
+def test_checker_catches_at_most_once_loss(services: Services, campaign_tables: list[str]) -> None:
+    """A pipeline restarted without its checkpoint (from the latest offsets) skips what the
+    failed query had not written: loss, and no duplicate."""
+    report = run_campaign("postgres-at-most-once", services, [Fault("crash", "driver_after_journal")],
+                          guarantee="exactly-once")
+    text = record(report, "postgres-at-most-once", campaign_tables)
+    assert report.results[0].fired and report.results[0].verdict == "LOSS", text
+    assert not report.passed, text
+
+
+def test_user_pipeline_from_module_function(services: Services, campaign_tables: list[str]) -> None:
+    """A pipeline given as module:function, as a user gives their own."""
+    report = run_campaign("tests.eos.user_pipeline:start", services, [Fault("crash", "task_before_write")],
+                          env={"PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    text = record(report, "user-pipeline", campaign_tables)
+    assert report.passed and report.results[0].verdict == "exactly-once", text
+
+
+def test_oncekit_verify_command_as_a_new_user(tmp_path: Path) -> None:
+    """``oncekit verify`` starts its own services and prints the table; every verdict exactly-once."""
+    out = subprocess.run(
+        [str(Path(sys.executable).parent / "oncekit"), "verify", "--faults", "3", "--seed", "7",
+         "--backend", os.environ.get("ONCEKIT_TEST_BACKEND", "auto"), "--json", str(tmp_path / "verify.json")],
+        capture_output=True, text=True, timeout=900, cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    rows = [line for line in out.stdout.splitlines() if line.startswith("|  ")]
+    assert len(rows) == 3 and all("exactly-once" in row for row in rows), out.stdout
+    assert (tmp_path / "verify.json").exists()
