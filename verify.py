@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 COUNT, PER_BATCH = 1000, 300  # the one-shot tests: four batches; both partitions have rows in every batch
-CHUNK = 400  # input produced before each fault of a campaign: two batches of PER_BATCH... or more when behind
+CHUNK = 300  # input produced before each fault of a campaign: one batch of PER_BATCH, rows in both partitions
 
 
 @dataclass(frozen=True)
@@ -469,9 +469,9 @@ def schedule(seed: int, count: int, points: Iterable[str] = POINTS, network_cuts
         if draw < 0.5:
             faults.append(Fault("crash", point=rng.choice(points)))
         elif draw < 0.67:
-            faults.append(Fault("kill", delay_s=round(rng.uniform(0.5, 5.0), 1)))
+            faults.append(Fault("kill", delay_s=round(rng.uniform(0.2, 3.0), 1)))
         else:
-            faults.append(Fault(rng.choice(services), delay_s=round(rng.uniform(0.5, 3.0), 1),
+            faults.append(Fault(rng.choice(services), delay_s=round(rng.uniform(0.0, 1.5), 1),
                                 outage_s=round(rng.uniform(2.0, 10.0))))
     return faults
 
@@ -503,6 +503,7 @@ class _Driver:
     env: dict[str, str]
     process: subprocess.Popen[bytes] | None = None
     restarts: int = 0
+    launched: float = 0.0  # wall-clock time of the last (re)start
 
     def ensure_running(self, timeout_s: float = 180.0) -> None:
         """Start the driver if it is not running; the first time, wait until its query started."""
@@ -512,6 +513,7 @@ class _Driver:
         if not first:
             self.restarts += 1
             logger.info("verify: driver exited with %s; restarting it", self.process.returncode)  # type: ignore[union-attr]
+        self.launched = time.time()
         self.process = start_driver(self.pipeline, self.ctx, self.crash_dir, log=self.log, env=self.env)
         started = Path(self.ctx.checkpoint + ".started")
         deadline = time.monotonic() + timeout_s
@@ -524,6 +526,12 @@ class _Driver:
             # The first trigger plans an empty batch 0 at the starting offsets; a crash point armed
             # for "the next batch" must not be spent on it.
             time.sleep(0.2)
+
+    def running_query(self) -> bool:
+        """The current driver process has started its query."""
+        started = Path(self.ctx.checkpoint + ".started")
+        return self.process is not None and self.process.poll() is None \
+            and started.exists() and started.stat().st_mtime >= self.launched
 
     def kill(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -614,9 +622,9 @@ class Campaign:
             progress = (len(got), self.batch_in_flight(), self.batch_committed())
             if progress != seen:  # quiet means: no new output and no batch planned or committed
                 seen, last_change = progress, time.monotonic()
-            if not (want - Counter(got)) and self._idle():
+            if not (want - Counter(got)) and self._idle() and self.driver.running_query():
                 caught_up = caught_up or time.monotonic()
-                if time.monotonic() - last_change > 2.0:  # settled: late duplicates would have shown
+                if time.monotonic() - last_change > 1.0:  # settled: late duplicates would have shown
                     break
             if time.monotonic() - last_change > self.quiet_s and self._idle():
                 break  # nothing more is coming: what is missing is lost

@@ -62,6 +62,7 @@ def arm(directory: str | Path, name: str, batch_id: int | None = None, partition
     if name not in POINTS:
         raise ConfigError(f"unknown crash point {name!r}; known: {', '.join(POINTS)}")
     Path(directory).mkdir(parents=True, exist_ok=True)
+    (Path(directory) / f"{name}.fired").unlink(missing_ok=True)  # an earlier firing is not this one's
     (Path(directory) / name).write_text(json.dumps({"batch": batch_id, "partition": partition_id}))
 
 
