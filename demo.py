@@ -141,15 +141,16 @@ def read_committed(bootstrap: str, topic: str, idle_s: float = 3.0) -> list[byte
 
 def observe(config: PipelineConfig) -> Observed:
     """Read every output of the pipeline."""
-    import psycopg
     from psycopg import sql
+
+    from oncekit.connectors.postgres import connect
 
     tables = config.tables
 
     def table(name: str) -> sql.Identifier:
         return sql.Identifier(*name.split(".", 1))
 
-    with psycopg.connect(config.postgres_dsn(), autocommit=True) as conn:
+    with connect(config.postgres_dsn(), autocommit=True) as conn:
         balances = {int(a): (int(b), int(n)) for a, b, n in conn.execute(
             sql.SQL("SELECT account_id, balance_cents, events FROM {}").format(table(tables.balances)))}
         totals = {(int(a), int(m.timestamp() * 1000)): (int(t), int(n)) for a, m, t, n in conn.execute(
@@ -279,13 +280,13 @@ class _Progress:
 def _require_empty(config: PipelineConfig) -> None:
     """The report compares outputs with this run's workload alone: refuse topics or tables that
     hold an earlier run's data (possible with ``--backend external``)."""
-    import psycopg
     from confluent_kafka import Consumer, TopicPartition
     from psycopg import sql
 
+    from oncekit.connectors.postgres import connect
     from oncekit.core.errors import ConfigError
 
-    with psycopg.connect(config.postgres_dsn(), autocommit=True) as conn:
+    with connect(config.postgres_dsn(), autocommit=True) as conn:
         for table in (config.tables.balances, config.tables.minute_totals, config.tables.late_events,
                       config.tables.dead_letters):
             if conn.execute(sql.SQL("SELECT 1 FROM {} LIMIT 1").format(sql.Identifier(*table.split(".", 1)))).fetchone():

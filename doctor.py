@@ -124,9 +124,7 @@ def _kafka(config: PipelineConfig) -> list[Check]:
 
 
 def _postgres(config: PipelineConfig) -> list[Check]:
-    import psycopg
-
-    from oncekit.connectors.postgres import check_server
+    from oncekit.connectors.postgres import check_server, connect
 
     dsn = config.postgres_dsn()
     if not dsn:
@@ -137,7 +135,7 @@ def _postgres(config: PipelineConfig) -> list[Check]:
     except OncekitError as exc:
         return [Check("postgres", FAIL, str(exc), "start the server, or fix the connection string")]
     checks = [Check("postgres", OK, f"{redact_dsn(dsn)} accepts connections")]
-    with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
+    with connect(dsn, autocommit=True, connect_timeout=10) as conn:
         def show(name: str) -> str:
             row = conn.execute(f"SHOW {name}").fetchone()
             return str(row[0]) if row else ""

@@ -186,11 +186,11 @@ class ReferencePipeline:
 
     def prepare(self) -> None:
         """Create the topics and tables the pipeline reads and writes (existing ones are kept)."""
-        import psycopg
         from psycopg import sql
 
         from oncekit.connectors import KafkaConfig
         from oncekit.connectors.kafka import create_topic
+        from oncekit.connectors.postgres import connect
 
         kafka = KafkaConfig(self.bootstrap)
         topics = self.config.topics
@@ -206,7 +206,7 @@ class ReferencePipeline:
             tables.dead_letters: ("kafka_partition int NOT NULL, kafka_offset bigint NOT NULL, raw text, "
                                   "reason text NOT NULL, PRIMARY KEY (kafka_partition, kafka_offset)"),
         }
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
+        with connect(self.dsn, autocommit=True) as conn:
             for table, columns in ddl.items():
                 conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} ({})").format(
                     sql.Identifier(*table.split(".", 1)), sql.SQL(columns)))
@@ -410,14 +410,14 @@ class ReferencePipeline:
         """What the checkpoints and the server say right now: committed batches over all
         queries, payments records consumed by committed batches of the balances query, and
         prepared transactions waiting in PostgreSQL."""
-        import psycopg
+        from oncekit.connectors.postgres import connect
 
         committed = 0
         for name in QUERIES:
             commits = Path(self.checkpoint, name, "commits")
             if commits.is_dir():
                 committed += sum(1 for p in commits.iterdir() if p.name.isdigit())
-        with psycopg.connect(self.dsn, autocommit=True, connect_timeout=5) as conn:
+        with connect(self.dsn, autocommit=True, connect_timeout=5) as conn:
             row = conn.execute("SELECT count(*) FROM pg_prepared_xacts WHERE starts_with(gid, 'oncekit:')").fetchone()
         return {"checkpoints": committed, "records": consumed(f"{self.checkpoint}/balances"),
                 "prepared": int(row[0]) if row else 0}

@@ -20,7 +20,7 @@ from typing import Any
 
 from oncekit.connectors.base import KafkaService, PostgresService, free_port, port_in_use, redact_dsn, wait_until
 from oncekit.connectors.kafka import CLUSTER_ID, broker_properties
-from oncekit.connectors.postgres import MAX_PREPARED_TRANSACTIONS, check_server
+from oncekit.connectors.postgres import MAX_PREPARED_TRANSACTIONS, check_server, connect
 from oncekit.core.errors import ServiceError
 
 logger = logging.getLogger(__name__)
@@ -215,9 +215,7 @@ class LocalPostgres(PostgresService):
             raise ServiceError(f"postgres: initdb failed: {result.stderr.strip()[-300:]}")
         postgres = cls(data_dir, free_port(), password)
         postgres.start(database="postgres")
-        import psycopg
-
-        with psycopg.connect(postgres.dsn.rsplit("/", 1)[0] + "/postgres", autocommit=True) as conn:
+        with connect(postgres.dsn.rsplit("/", 1)[0] + "/postgres", autocommit=True) as conn:
             conn.execute("CREATE DATABASE oncekit")
         return postgres
 

@@ -11,6 +11,7 @@ at the end of the run (see conftest's terminal summary) and written as JSON unde
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -110,6 +111,6 @@ def test_oncekit_verify_command_as_a_new_user(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=900, cwd=tmp_path,
     )
     assert out.returncode == 0, out.stdout + out.stderr
-    rows = [line for line in out.stdout.splitlines() if line.startswith("|  ")]
+    rows = [line for line in out.stdout.splitlines() if re.match(r"\|\s+\d+ \|", line)]
     assert len(rows) == 3 and all("exactly-once" in row for row in rows), out.stdout
     assert (tmp_path / "verify.json").exists()

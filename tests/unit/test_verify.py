@@ -1,6 +1,9 @@
 from __future__ import annotations
 
-from oncekit.verify import compare
+import pytest
+
+from oncekit.core.errors import ConfigError
+from oncekit.verify import CampaignReport, Fault, FaultResult, PipelineContext, compare, resolve, schedule, table
 
 
 def test_compare_same_multiset_is_exactly_once() -> None:
@@ -22,3 +25,52 @@ def test_compare_duplicates_only_is_at_least_once() -> None:
 def test_compare_unexpected_record_is_not_exactly_once() -> None:
     verdict = compare([1], [1, 9])
     assert verdict.unexpected == {9: 1} and not verdict.exactly_once
+
+
+def test_verdict_names_loss_and_duplicates_together() -> None:
+    assert compare([1, 2], [1, 1]).name == "LOSS+DUPLICATES"
+    assert compare([1, 2], [1]).name == "LOSS" and compare([1, 2], [1]).holds("at-most-once")
+    assert compare([1], [1, 1]).holds("at-least-once") and not compare([1], [1, 1]).holds("at-most-once")
+
+
+def _report(guarantee: str, *verdicts: str, left: tuple[str, ...] = ()) -> CampaignReport:
+    results = [FaultResult(str(Fault("crash", "mid_commit")), True, 3, 1, 0, 2.5, v, "") for v in verdicts]
+    return CampaignReport("postgres-two-phase-commit", 7, guarantee, results, verdicts[-1], list(left), "")
+
+
+def test_report_passes_only_when_every_verdict_meets_the_guarantee() -> None:
+    assert _report("exactly-once", "exactly-once", "exactly-once").passed
+    assert not _report("exactly-once", "exactly-once", "duplicates").passed
+    assert _report("at-least-once", "exactly-once", "duplicates").passed
+    assert not _report("exactly-once", "exactly-once", left=("prepared transaction x",)).passed
+
+
+def test_table_names_fault_batch_recovery_and_verdict() -> None:
+    text = table(_report("exactly-once", "exactly-once"))
+    assert "seed 7" in text and "crash mid_commit" in text and "exactly-once" in text and "2.5" in text
+    assert "longest recovery 2.5 s" in text
+
+
+def test_fault_descriptions() -> None:
+    assert str(Fault("crash", "task_after_pre_commit")) == "crash task_after_pre_commit (task retried by Spark)"
+    assert str(Fault("kill", delay_s=1.25)) == "kill -9 driver after 1.2 s"
+    assert str(Fault("postgres-cut", outage_s=5)) == "postgres cut off network 5 s"
+    assert str(Fault("kafka-restart", outage_s=3)) == "kafka stopped 3 s"
+
+
+def test_schedule_uses_only_the_points_a_sink_reaches() -> None:
+    faults = schedule(3, 60, points=("task_before_write",), network_cuts=False)
+    assert {f.point for f in faults if f.kind == "crash"} == {"task_before_write"}
+    assert {f.kind for f in faults} <= {"crash", "kill", "kafka-restart", "postgres-restart"}
+
+
+def test_unknown_pipeline_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="module:function"):
+        resolve("no-such-pipeline")
+    with pytest.raises(ConfigError, match="cannot load"):
+        resolve("oncekit.no_such_module:start")
+
+
+def test_pipeline_context_repr_hides_the_dsn() -> None:
+    ctx = PipelineContext("127.0.0.1:9092", "in", "out", "/tmp/cp", dsn="postgresql://u:secret@h/db")
+    assert "secret" not in repr(ctx)
