@@ -62,13 +62,16 @@ def _verify(args: argparse.Namespace) -> int:
     started = start_services(args.backend)
     print(f"services ({started.backend}) ready; {args.faults} faults into {args.pipeline}, seed {args.seed}", flush=True)
     with started.running() as services:
-        report = verify.run_campaign(args.pipeline, services, args.faults, args.seed, args.guarantee, progress)
+        upstream = verify.Upstream(args.duplicates, args.malformed, args.late, args.seed)
+        report = verify.run_campaign(args.pipeline, services, args.faults, args.seed, args.guarantee, progress,
+                                     upstream=upstream)
     print(verify.table(report))
     if args.json:
         verify.write_json(args.json, report)
     if not report.passed:
         print(f"not {report.guarantee}; reproduce with: oncekit verify --pipeline {args.pipeline} "
-              f"--faults {args.faults} --seed {args.seed}  (schedule: {'; '.join(r.fault for r in report.results)})")
+              f"--faults {args.faults} --seed {args.seed} --duplicates {args.duplicates} --malformed {args.malformed} "
+              f"--late {args.late}  (schedule: {'; '.join(r.fault for r in report.results)})")
         return 1
     return 0
 
@@ -270,6 +273,9 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--guarantee", choices=GUARANTEES,
                        help="what to check (default: what the example promises; exactly-once for yours)")
     check.add_argument("--faults", type=int, default=5)
+    check.add_argument("--duplicates", type=float, default=0.0, help="fraction of input records sent twice upstream")
+    check.add_argument("--malformed", type=float, default=0.0, help="fraction of malformed input records")
+    check.add_argument("--late", type=float, default=0.0, help="fraction of input records an hour late")
     check.add_argument("--seed", type=int, default=1)
     check.add_argument("--backend", choices=BACKENDS, default="auto")
     check.add_argument("--json", help="write the results to this file")

@@ -53,24 +53,6 @@ def test_kafka_sink_crash_once_then_restart_is_exactly_once(
     assert verdict.exactly_once, verdict.summary()
 
 
-def test_kafka_at_least_once_crash_after_write_shows_duplicates(
-    spark: Any, kafka: KafkaConfig, topic: str, tmp_path: Path, crash_dir: Path,
-) -> None:
-    expected = produce_input(kafka, topic, COUNT)
-    out = f"{topic}-out"
-    sink = kafka_sink(kafka.bootstrap_servers, out, "at-least-once")
-    checkpoint = str(tmp_path / "checkpoint")
-    arm(crash_dir, "task_after_pre_commit", batch_id=1, partition_id=0)
-
-    with pytest.raises(Exception):
-        run_available_now(as_values(integers(spark, kafka, topic, PER_BATCH)), sink, checkpoint)
-    run_available_now(as_values(integers(spark, kafka, topic, PER_BATCH)), sink, checkpoint)
-
-    verdict = compare(expected, output(kafka, out, COUNT + PER_BATCH // 2))
-    assert verdict.at_least_once, verdict.summary()
-    assert sum(verdict.duplicated.values()) >= PER_BATCH // 2
-
-
 def test_kafka_transactional_non_deterministic_replay_is_caught_by_checksum(
     spark: Any, kafka: KafkaConfig, topic: str, tmp_path: Path, crash_dir: Path,
 ) -> None:

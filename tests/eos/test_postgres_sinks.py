@@ -55,26 +55,6 @@ def test_postgres_sink_crash_once_then_restart_is_exactly_once(
     assert prepared_transactions(postgres_dsn) == []
 
 
-def test_postgres_at_least_once_crash_after_write_shows_duplicates(
-    spark: Any, kafka: KafkaConfig, postgres_dsn: str, topic: str, unique_name: str, tmp_path: Path, crash_dir: Path,
-) -> None:
-    """The checker can fail: the same crash without the protocol repeats a partition's rows."""
-    expected = produce_input(kafka, topic, COUNT)
-    create_table(postgres_dsn, unique_name, keyed=False)
-    sink = postgres_sink(postgres_dsn, unique_name, "at-least-once")
-    checkpoint = str(tmp_path / "checkpoint")
-    arm(crash_dir, "task_after_pre_commit", batch_id=1, partition_id=0)
-
-    with pytest.raises(Exception):
-        run_available_now(integers(spark, kafka, topic, PER_BATCH), sink, checkpoint)
-    run_available_now(integers(spark, kafka, topic, PER_BATCH), sink, checkpoint)
-
-    verdict = compare(expected, table_ids(postgres_dsn, unique_name))
-    assert verdict.at_least_once, verdict.summary()
-    assert not verdict.exactly_once
-    assert sum(verdict.duplicated.values()) >= PER_BATCH // 2
-
-
 @pytest.mark.parametrize("notify", [True, False], ids=["listener", "no-listener"])
 def test_postgres_two_phase_commit_same_keys_every_batch_never_waits_on_own_locks(
     spark: Any, kafka: KafkaConfig, postgres_dsn: str, topic: str, unique_name: str, tmp_path: Path, notify: bool,
