@@ -216,15 +216,26 @@ class KafkaOutput:
     offset lags the high watermark, i.e. that hold a transaction still open."""
 
     def __init__(self, kafka: KafkaConfig, topic: str) -> None:
-        from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
-
         self.kafka, self.topic = kafka, topic
         self.records: dict[tuple[int, int], bytes] = {}
-        self.consumer = Consumer(kafka.settings(group_id=f"check-{topic}", isolation_level="read_committed",
+        self.consumer = self._consumer()
+
+    def _consumer(self) -> Any:
+        from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+        consumer = Consumer(self.kafka.settings(group_id=f"check-{self.topic}", isolation_level="read_committed",
                                                 enable_auto_commit=False))
         # assign, not subscribe: no group membership to lose (and restart from "earliest") in a broker outage
-        partitions = self.consumer.list_topics(topic, timeout=30).topics[topic].partitions
-        self.consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in sorted(partitions)])
+        partitions = consumer.list_topics(self.topic, timeout=30).topics[self.topic].partitions
+        consumer.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in sorted(partitions)])
+        return consumer
+
+    def reconnect(self) -> None:
+        """Read the topic again from the start with a new consumer: after a network cut the old
+        one can wait out socket timeouts (a minute) before it reads again. Values already seen
+        keep their (partition, offset), so nothing is counted twice."""
+        self.consumer.close()
+        self.consumer = self._consumer()
 
     def __enter__(self) -> KafkaOutput:
         return self
@@ -613,6 +624,7 @@ class Campaign:
         ended, batch = self._inject(fault)
         caught_up, last_change = None, time.monotonic()
         seen: tuple[int, int | None, int | None] | None = None
+        reconnected = 0.0
         deadline = time.monotonic() + self.catch_up_s
         want = Counter(self.expected)
         while time.monotonic() < deadline:
@@ -629,8 +641,12 @@ class Campaign:
                 caught_up = caught_up or time.monotonic()
                 if time.monotonic() - last_change > 1.0:  # settled: late duplicates would have shown
                     break
-            if time.monotonic() - last_change > self.quiet_s and self._idle():
+            quiet = time.monotonic() - last_change
+            if quiet > self.quiet_s and self._idle():
                 break  # nothing more is coming: what is missing is lost
+            if self.kafka_output is not None and quiet > 10 and time.monotonic() - reconnected > 10:
+                self.kafka_output.reconnect()
+                reconnected = time.monotonic()
             time.sleep(0.3)
         if fault.kind == "crash" and ended is None:
             disarm(self.crash_dir, fault.point or "")
