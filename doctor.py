@@ -23,8 +23,6 @@ from oncekit.core.errors import OncekitError
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 
-SINK_TRANSACTION_TIMEOUT_MS = 60_000
-"""The Kafka sinks' default ``transaction_timeout_ms``; the broker must allow at least this."""
 
 
 @dataclass(frozen=True)
@@ -74,36 +72,46 @@ def _spark() -> Check:
     return Check("spark", OK, f"PySpark {version} with protobuf and grpcio (transformWithState, RocksDB state store)")
 
 
+def _reachable(service: str, address: str, check: Callable[[str], None], missing_fix: str, failed_fix: str,
+               shown: str) -> Check:
+    """The first check of a service: configured, and answering."""
+    if not address:
+        return Check(service, FAIL, "not configured", missing_fix)
+    try:
+        check(address)
+    except OncekitError as exc:
+        return Check(service, FAIL, str(exc), failed_fix)
+    return Check(service, OK, shown)
+
+
 def _kafka(config: PipelineConfig) -> list[Check]:
     from confluent_kafka import KafkaException
-    from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
+    from confluent_kafka.admin import AdminClient
 
-    from oncekit.connectors.kafka import KafkaConfig, check_broker
+    from oncekit.connectors.kafka import KafkaConfig, broker_settings, check_broker
+    from oncekit.sinks.kafka import DEFAULT_TRANSACTION_TIMEOUT_MS as sink_timeout_ms
 
     bootstrap = config.kafka_bootstrap()
-    if not bootstrap:
-        return [Check("kafka", FAIL, "no bootstrap servers configured",
-                      "set [services] kafka_bootstrap, ONCEKIT_KAFKA_BOOTSTRAP, or run 'oncekit services up'")]
+    reached = _reachable("kafka", bootstrap, check_broker,
+                         "set [services] kafka_bootstrap, ONCEKIT_KAFKA_BOOTSTRAP, or run 'oncekit services up'",
+                         "start the broker, or fix the bootstrap address; a single broker needs "
+                         "transaction.state.log.replication.factor=1 and transaction.state.log.min.isr=1",
+                         f"{bootstrap} answers and a transactional producer initialises")
+    if reached.status == FAIL:
+        return [reached]
+    checks = [reached]
     try:
-        check_broker(bootstrap)
-    except OncekitError as exc:
-        return [Check("kafka", FAIL, str(exc), "start the broker, or fix the bootstrap address; a single broker needs "
-                      "transaction.state.log.replication.factor=1 and transaction.state.log.min.isr=1")]
-    checks = [Check("kafka", OK, f"{bootstrap} answers and a transactional producer initialises")]
-    admin = AdminClient(KafkaConfig(bootstrap).settings())
-    try:
-        metadata = admin.list_topics(timeout=10)
+        metadata = AdminClient(KafkaConfig(bootstrap).settings()).list_topics(timeout=10)
         brokers = len(metadata.brokers)
-        resource = ConfigResource(ConfigResource.Type.BROKER, str(sorted(metadata.brokers)[0]))
-        settings: dict[str, Any] = {k: v.value for k, v in admin.describe_configs([resource])[resource].result(timeout=30).items()}
+        settings: dict[str, Any] = broker_settings(KafkaConfig(bootstrap))
     except KafkaException as exc:
         return [*checks, Check("kafka settings", WARN, f"cannot read the broker's settings: {exc.args[0]}",
                                "grant DescribeConfigs on the cluster to check them")]
     max_timeout = int(settings.get("transaction.max.timeout.ms") or 900_000)
-    checks.append(Check("kafka transaction.max.timeout.ms", OK if max_timeout >= SINK_TRANSACTION_TIMEOUT_MS else FAIL,
-                        f"{max_timeout} ms; the Kafka sinks ask for {SINK_TRANSACTION_TIMEOUT_MS} ms",
-                        "" if max_timeout >= SINK_TRANSACTION_TIMEOUT_MS else
-                        f"raise transaction.max.timeout.ms to at least {SINK_TRANSACTION_TIMEOUT_MS} on the brokers"))
+    checks.append(Check("kafka transaction.max.timeout.ms", OK if max_timeout >= sink_timeout_ms else FAIL,
+                        f"{max_timeout} ms; the Kafka sinks ask for {sink_timeout_ms} ms",
+                        "" if max_timeout >= sink_timeout_ms else
+                        f"raise transaction.max.timeout.ms to at least {sink_timeout_ms} on the brokers"))
     for name in ("transaction.state.log.replication.factor", "transaction.state.log.min.isr",
                  "offsets.topic.replication.factor"):
         value = int(settings.get(name) or 1)
@@ -127,14 +135,12 @@ def _postgres(config: PipelineConfig) -> list[Check]:
     from oncekit.connectors.postgres import check_server, connect
 
     dsn = config.postgres_dsn()
-    if not dsn:
-        return [Check("postgres", FAIL, "no connection string configured",
-                      "set [services] postgres_dsn, ONCEKIT_POSTGRES_DSN, or run 'oncekit services up'")]
-    try:
-        check_server(dsn)
-    except OncekitError as exc:
-        return [Check("postgres", FAIL, str(exc), "start the server, or fix the connection string")]
-    checks = [Check("postgres", OK, f"{redact_dsn(dsn)} accepts connections")]
+    reached = _reachable("postgres", dsn, check_server,
+                         "set [services] postgres_dsn, ONCEKIT_POSTGRES_DSN, or run 'oncekit services up'",
+                         "start the server, or fix the connection string", f"{redact_dsn(dsn)} accepts connections")
+    if reached.status == FAIL:
+        return [reached]
+    checks = [reached]
     with connect(dsn, autocommit=True, connect_timeout=10) as conn:
         def show(name: str) -> str:
             row = conn.execute(f"SHOW {name}").fetchone()

@@ -78,7 +78,6 @@ EXAMPLES = {
     "kafka-write-ahead-log": Example("kafka", "write-ahead-log", "exactly-once"),
     "kafka-at-least-once": Example("kafka", "at-least-once", "at-least-once", _NO_LATE_COMMIT),
 }
-SINKS = EXAMPLES  # the one-shot tests' name for it
 GUARANTEES = ("exactly-once", "at-least-once", "at-most-once")
 
 
@@ -652,9 +651,9 @@ class Campaign:
             disarm(self.crash_dir, fault.point or "")
         verdict = compare(self.expected, self.output())
         start = ended if ended is not None else time.monotonic()
-        recovery = round(caught_up - start, 1) if caught_up is not None else float("nan")
+        recovery = max(0.0, round(caught_up - start, 1)) if caught_up is not None else float("nan")
         return FaultResult(str(fault), ended is not None, batch, self.query_restarts() - restarts_before,
-                           self.driver.restarts - driver_before, max(recovery, 0.0) if caught_up else recovery,
+                           self.driver.restarts - driver_before, recovery,
                            verdict.name, verdict.summary(3))
 
     def batch_committed(self) -> int | None:

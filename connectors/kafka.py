@@ -113,3 +113,15 @@ def create_topic(config: KafkaConfig, topic: str, partitions: int = 1, replicati
         if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
             raise ServiceError(f"kafka: cannot create topic {topic!r}: {exc.args[0].str()}") from exc
     logger.info("kafka: topic %s ready with %s partitions", topic, partitions)
+
+
+def broker_settings(config: KafkaConfig) -> dict[str, str]:
+    """The settings of the cluster's lowest-id broker (DescribeConfigs), e.g.
+    ``transaction.max.timeout.ms``. Called by the Kafka sinks' preflight and ``oncekit doctor``."""
+    from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
+
+    admin = AdminClient(config.settings())  # must outlive the future, or librdkafka cancels it
+    broker = min(admin.list_topics(timeout=30).brokers)
+    resource = ConfigResource(ConfigResource.Type.BROKER, str(broker))
+    described = admin.describe_configs([resource])[resource].result(timeout=30)
+    return {name: entry.value for name, entry in described.items()}

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from oncekit.connectors.base import redact_config
-from oncekit.connectors.kafka import KafkaConfig, create_topic
+from oncekit.connectors.kafka import KafkaConfig, broker_settings, create_topic
 from oncekit.core.base import CommitOutcome, Committable, DeliveryGuarantee, IdempotentSink, Sink, TaskInfo, WriteAheadSink
 from oncekit.core.errors import ConfigError, OncekitError
 from oncekit.core.staging import StagedFiles
@@ -40,6 +40,7 @@ logger = logging.getLogger(__name__)
 
 FORMAT = "oncekit-kafka-sink"
 PROTOCOLS = ("transactional", "write-ahead-log", "at-least-once")
+DEFAULT_TRANSACTION_TIMEOUT_MS = 60_000  # the broker's transaction.max.timeout.ms must allow it
 
 
 class NonDeterministicReplayError(OncekitError):
@@ -63,7 +64,7 @@ class KafkaSinkConfig(SinkConfig):
     sink_id: str = ""
     client: Mapping[str, str] = field(default_factory=dict)
     partitions: int = 2
-    transaction_timeout_ms: int = 60_000
+    transaction_timeout_ms: int = DEFAULT_TRANSACTION_TIMEOUT_MS
     dead_letter_topic: str | None = None
     columns: tuple[str, ...] = ()
 
@@ -99,7 +100,7 @@ class KafkaSinkConfig(SinkConfig):
         return cls(
             bootstrap_servers=bootstrap, topic=lowered.get("topic", ""), protocol=lowered.get("protocol", "transactional"),
             sink_id=lowered.get("sinkid", ""), client=client, partitions=int(lowered.get("partitions", "2")),
-            transaction_timeout_ms=int(lowered.get("transactiontimeoutms", "60000")),
+            transaction_timeout_ms=int(lowered.get("transactiontimeoutms", DEFAULT_TRANSACTION_TIMEOUT_MS)),
             dead_letter_topic=lowered.get("deadlettertopic") or None, columns=columns,
         )
 
@@ -172,19 +173,13 @@ class _KafkaSink:
     def preflight(self) -> None:
         """Driver, at query start: the topic exists (or is created), and the transaction timeout
         fits under the broker's maximum."""
-        from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
-
         kafka = self.config.kafka
         create_topic(kafka, self.config.topic, partitions=self.config.partitions)
         if self.config.dead_letter_topic:
             create_topic(kafka, self.config.dead_letter_topic, partitions=1)
         if self.config.protocol == "at-least-once":
             return
-        admin = AdminClient(kafka.settings())
-        broker = next(iter(admin.list_topics(timeout=30).brokers))
-        resource = ConfigResource("broker", str(broker))
-        described = admin.describe_configs([resource])[resource].result(timeout=30)
-        maximum = int(described["transaction.max.timeout.ms"].value)
+        maximum = int(broker_settings(kafka)["transaction.max.timeout.ms"])
         if self.config.transaction_timeout_ms > maximum:
             raise ConfigError(
                 f"{FORMAT} sink {self.sink_id}: transaction_timeout_ms {self.config.transaction_timeout_ms} is above the "
