@@ -1,0 +1,204 @@
+"""The fault campaign behind ``oncekit verify``.
+
+:func:`run_campaign` runs one pipeline in a driver process of its own, continuously, and injects
+faults one after another (:func:`~oncekit.verify.faults.schedule`): crash points of the engine
+(task points are retried by Spark itself; driver points fail the query, which the driver's
+restart strategy brings back; ``before_notify`` may take the whole driver process), ``kill -9``
+of the driver process, Kafka or PostgreSQL stopped and restarted, or cut off the network. Before
+each fault it produces a new chunk of input; after it, it waits until the output has caught up
+(restarting the driver process when it died, as an operator would) and compares everything
+committed so far with everything produced so far. At the end it stops the driver and checks that
+no prepared transaction and no open Kafka transaction is left.
+
+Runs are reproducible from a seed: the fault schedule is drawn from ``random.Random(seed)``.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from oncekit.connectors import KafkaConfig, Services
+from oncekit.connectors.kafka import create_topic
+from oncekit.core.crash import POINTS, arm, disarm, fired_at
+from oncekit.core.errors import ConfigError
+from oncekit.core.spark_log import SparkLog
+from oncekit.verify.checker import GUARANTEES, Verdict, compare
+from oncekit.verify.driver import DriverProcess
+from oncekit.verify.examples import EXAMPLES, PER_BATCH, PipelineContext, sink_kind
+from oncekit.verify.faults import Fault, schedule
+from oncekit.verify.io import KafkaOutput, Upstream, prepare_target, prepared_transactions, produce_input, table_ids
+from oncekit.verify.report import CampaignReport, FaultResult
+
+CHUNK = 300  # input produced before each fault of a campaign: one batch of PER_BATCH, rows in both partitions
+
+class Campaign:
+    """One pipeline, one driver, faults one after another; see the module docstring.
+
+    Called by :func:`run_campaign` (and ``oncekit verify``); ``work`` holds the checkpoint, the
+    crash points and the driver's log."""
+
+    def __init__(self, pipeline: str, services: Services, name: str, work: Path,
+                 chunk: int = CHUNK, per_batch: int = PER_BATCH, env: dict[str, str] | None = None,
+                 catch_up_s: float = 240.0, quiet_s: float = 30.0, upstream: Upstream | None = None) -> None:
+        self.pipeline, self.services, self.work = pipeline, services, work
+        self.kind = sink_kind(pipeline)
+        self.kafka = KafkaConfig(services.kafka.bootstrap_servers)
+        self.chunk, self.catch_up_s, self.quiet_s = chunk, catch_up_s, quiet_s
+        topic = f"verify-{name}".replace("_", "-")
+        output = f"verify_{name}".replace("-", "_") if self.kind == "postgres" else f"{topic}-out"
+        self.ctx = PipelineContext(services.kafka.bootstrap_servers, topic, output, str(work / "checkpoint"),
+                                   services.postgres.dsn, max_offsets_per_trigger=per_batch)
+        self.spark_log = SparkLog(self.ctx.checkpoint)
+        self.crash_dir = str(work / "crash")
+        Path(self.crash_dir).mkdir(parents=True, exist_ok=True)
+        create_topic(self.kafka, topic, partitions=2)
+        prepare_target(pipeline, self.kafka, services.postgres.dsn, output)
+        self.kafka_output = KafkaOutput(self.kafka, output) if self.kind == "kafka" else None
+        self.driver = DriverProcess(pipeline, self.ctx, self.crash_dir, work / "driver.log", env or {})
+        self.expected: list[int] = []
+        self.upstream = upstream
+        self.produced = 0
+
+    def output(self) -> list[int]:
+        if self.kafka_output is not None:
+            return [int(v) for v in self.kafka_output.read(0.2)]
+        return table_ids(self.services.postgres.dsn, self.ctx.output)
+
+    def query_restarts(self) -> int:
+        path = Path(self.ctx.checkpoint + ".restarts")
+        return len(path.read_text().splitlines()) if path.exists() else 0
+
+    def batch_in_flight(self) -> int | None:
+        return self.spark_log.latest_planned()
+
+    def run(self, fault: Fault) -> FaultResult:
+        """Produce the next chunk, inject ``fault``, wait for the output to catch up, check."""
+        restarts_before, driver_before = self.query_restarts(), self.driver.restarts
+        self.driver.ensure_running()
+        if fault.kind == "crash":  # the next batch, the first to read the chunk produced below
+            arm(self.crash_dir, fault.point or "", (self.batch_in_flight() or 0) + 1)
+        self.expected += produce_input(self.kafka, self.ctx.input_topic, self.chunk, first=self.produced,
+                                       upstream=self.upstream)
+        self.produced += self.chunk
+        ended, batch = self._inject(fault)
+        caught_up, last_change = None, time.monotonic()
+        seen: tuple[int, int | None, int | None] | None = None
+        reconnected = 0.0
+        deadline = time.monotonic() + self.catch_up_s
+        want = Counter(self.expected)
+        while time.monotonic() < deadline:
+            if fault.kind == "crash" and ended is None:
+                where = fired_at(self.crash_dir, fault.point or "")
+                if where is not None:
+                    ended, batch = time.monotonic(), where.get("batch")
+            self.driver.ensure_running()
+            got = self.output()
+            progress = (len(got), self.batch_in_flight(), self.batch_committed())
+            if progress != seen:  # quiet means: no new output and no batch planned or committed
+                seen, last_change = progress, time.monotonic()
+            if not (want - Counter(got)) and self._idle() and self.driver.running_query():
+                caught_up = caught_up or time.monotonic()
+                if time.monotonic() - last_change > 1.0:  # settled: late duplicates would have shown
+                    break
+            quiet = time.monotonic() - last_change
+            if quiet > self.quiet_s and self._idle():
+                break  # nothing more is coming: what is missing is lost
+            if self.kafka_output is not None and quiet > 10 and time.monotonic() - reconnected > 10:
+                self.kafka_output.reconnect()
+                reconnected = time.monotonic()
+            time.sleep(0.3)
+        if fault.kind == "crash" and ended is None:
+            disarm(self.crash_dir, fault.point or "")
+        verdict = compare(self.expected, self.output())
+        start = ended if ended is not None else time.monotonic()
+        recovery = max(0.0, round(caught_up - start, 1)) if caught_up is not None else float("nan")
+        return FaultResult(str(fault), ended is not None, batch, self.query_restarts() - restarts_before,
+                           self.driver.restarts - driver_before, recovery,
+                           verdict.name, verdict.summary(3))
+
+    def batch_committed(self) -> int | None:
+        return self.spark_log.latest_completed()
+
+    def _idle(self) -> bool:
+        """Spark has committed every batch it planned."""
+        planned = self.batch_in_flight()
+        return planned is not None and planned == self.batch_committed()
+
+    def _inject(self, fault: Fault) -> tuple[float | None, int | None]:
+        """Inject ``fault``; returns when it ended and the batch in flight (None, None for a crash
+        point, which the wait loop sees fire)."""
+        if fault.kind == "crash":
+            return None, None
+        time.sleep(fault.delay_s)
+        batch = self.batch_in_flight()
+        if fault.kind == "kill":
+            self.driver.kill()
+            return time.monotonic(), batch
+        service = self.services.kafka if fault.kind.startswith("kafka") else self.services.postgres
+        if fault.kind.endswith("-restart"):
+            service.stop()
+            time.sleep(fault.outage_s)
+            service.start()
+        else:
+            service.disconnect()
+            time.sleep(fault.outage_s)
+            service.reconnect()
+            service.wait_ready()
+        return time.monotonic(), batch
+
+    def finish(self) -> tuple[int | None, Verdict, list[str]]:
+        """Stop the driver gracefully; returns its exit code, the verdict over all input, and
+        what it left behind (prepared transactions, partitions with an open Kafka transaction)."""
+        code = self.driver.stop()
+        final = compare(self.expected, self.output())
+        left = [f"prepared transaction {gid}" for gid in prepared_transactions(self.services.postgres.dsn)]
+        if self.kafka_output is not None:
+            left += [f"open transaction in {self.ctx.output}[{p}]" for p in self.kafka_output.open_transactions()]
+            self.kafka_output.__exit__()
+        return code, final, left
+
+
+def run_campaign(pipeline: str, services: Services, faults: int | list[Fault], seed: int = 1,
+                 guarantee: str | None = None, progress: Callable[[int, int, FaultResult], None] | None = None,
+                 chunk: int = CHUNK, per_batch: int = PER_BATCH, env: dict[str, str] | None = None,
+                 work_dir: str | None = None, upstream: Upstream | None = None) -> CampaignReport:
+    """Run ``pipeline`` under ``faults`` (a count drawn from ``seed``, or a given schedule) and
+    check every verdict against ``guarantee`` (default: what the example promises, else
+    exactly-once)."""
+    example = EXAMPLES.get(pipeline)
+    guarantee = guarantee or (example.guarantee if example else "exactly-once")
+    if guarantee not in GUARANTEES:
+        raise ConfigError(f"guarantee {guarantee!r}: choose one of {', '.join(GUARANTEES)}")
+    plan = faults if isinstance(faults, list) else schedule(
+        seed, faults, example.points if example else POINTS, network_cuts=services.backend == "containers")
+    name = f"{pipeline.replace(':', '-').replace('.', '-')}-{seed}-{time.time_ns() % 10**9}"
+    with _work(work_dir) as work:
+        campaign = Campaign(pipeline, services, name, work, chunk, per_batch, env, upstream=upstream)
+        results: list[FaultResult] = []
+        try:
+            for index, fault in enumerate(plan):
+                results.append(campaign.run(fault))
+                if progress is not None:
+                    progress(index + 1, len(plan), results[-1])
+        finally:
+            code, final, left = campaign.finish()
+        if code not in (0, None):
+            left.append(f"driver exited with {code} when stopped")
+        log = (work / "driver.log").read_text(errors="replace")[-4000:] if (work / "driver.log").exists() else ""
+        return CampaignReport(pipeline, seed, guarantee, results, final.name, left, log)
+
+
+@contextmanager
+def _work(path: str | None) -> Iterator[Path]:
+    if path:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        yield Path(path)
+        return
+    with tempfile.TemporaryDirectory(prefix="oncekit-verify-") as work:
+        yield Path(work)
+

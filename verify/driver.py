@@ -1,0 +1,141 @@
+"""The driver process of a pipeline under test: started by the harness as
+``python -m oncekit.verify '<spec json>'`` in a session of its own, watched, killed and restarted.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from oncekit.core.crash import CRASH_DIR_ENV
+from oncekit.core.errors import VerifyError
+from oncekit.core.spark_log import SparkLog
+from oncekit.verify.examples import PipelineContext, resolve
+
+logger = logging.getLogger(__name__)
+
+
+def start_driver(pipeline: str, ctx: PipelineContext, crash_dir: str, drain: bool = False,
+                 log: Path | None = None, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """Start the driver process of ``pipeline`` (``python -m oncekit.verify``) in a session of its
+    own, so that SIGKILL takes it and its Spark JVM together, with crash points read from
+    ``crash_dir``. ``drain``: run until the input is drained (availableNow), once, without
+    restarts; else run until SIGTERM, restarting the query as a restart strategy would."""
+    spec = {"pipeline": pipeline, "context": {**asdict(ctx), "dsn": ""}, "drain": drain}
+    environment = {**os.environ, **(env or {}), CRASH_DIR_ENV: crash_dir, "ONCEKIT_VERIFY_DSN": ctx.dsn}
+    out = open(log, "ab") if log else subprocess.DEVNULL
+    try:
+        return subprocess.Popen([sys.executable, "-m", "oncekit.verify", json.dumps(spec)], env=environment,
+                                stdout=out, stderr=out, start_new_session=True)
+    finally:
+        if log:
+            out.close()  # type: ignore[union-attr]
+
+
+def main(spec_text: str) -> int:
+    """The driver process: ``python -m oncekit.verify '<spec json>'``."""
+    from oncekit.core.restart import ExponentialBackoff, supervise
+    from oncekit.core.spark.session import spark_session
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    spec = json.loads(spec_text)
+    context = {**spec["context"], "dsn": os.environ.get("ONCEKIT_VERIFY_DSN", "")}
+    if spec["drain"]:
+        context["trigger"] = {"availableNow": True}
+    ctx = PipelineContext(**context)
+    build = resolve(spec["pipeline"])
+    # Spark retries a failed task (local[cores,maxFailures] in local mode; a cluster's own conf else).
+    master = os.environ.get("SPARK_MASTER") or "local[2,4]"
+    spark = spark_session("oncekit-verify", master=master,
+                          conf={f"spark.executorEnv.{CRASH_DIR_ENV}": os.environ.get(CRASH_DIR_ENV, "")})
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    restarts_file = Path(ctx.checkpoint + ".restarts")
+
+    def run() -> None:
+        query = build(spark, ctx)
+        Path(ctx.checkpoint + ".started").touch()  # the harness waits for it before producing
+        wait = getattr(query, "await_termination", None) or query.awaitTermination
+        while not wait(0.5):
+            if stopping.is_set():
+                query.stop()
+                return
+
+    def note_restart(count: int, error: BaseException) -> None:
+        with restarts_file.open("a") as f:
+            f.write(f"{time.time()} {type(error).__name__}\n")
+
+    if spec["drain"]:
+        run()
+    else:
+        supervise(run, ExponentialBackoff(initial_s=0.5, max_s=4.0, attempts=40), note_restart)
+    spark.stop()
+    return 0
+
+
+@dataclass
+class DriverProcess:
+    """A campaign's driver process, restarted when it dies."""
+
+    pipeline: str
+    ctx: PipelineContext
+    crash_dir: str
+    log: Path
+    env: dict[str, str]
+    process: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+    launched: float = 0.0  # wall-clock time of the last (re)start
+
+    def ensure_running(self, timeout_s: float = 180.0) -> None:
+        """Start the driver if it is not running; the first time, wait until its query started."""
+        if self.process is not None and self.process.poll() is None:
+            return
+        first = self.process is None
+        if not first:
+            self.restarts += 1
+            logger.info("verify: driver exited with %s; restarting it", self.process.returncode)  # type: ignore[union-attr]
+        self.launched = time.time()
+        self.process = start_driver(self.pipeline, self.ctx, self.crash_dir, log=self.log, env=self.env)
+        started = Path(self.ctx.checkpoint + ".started")
+        deadline = time.monotonic() + timeout_s
+        while first and not started.exists():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise VerifyError(f"pipeline {self.pipeline}: the driver did not start its query "
+                                  f"(exit {self.process.poll()}); see {self.log}")
+            time.sleep(0.2)
+        spark_log = SparkLog(self.ctx.checkpoint)
+        while first and spark_log.latest_planned() is None and time.monotonic() < deadline:
+            # The first trigger plans an empty batch 0 at the starting offsets; a crash point armed
+            # for "the next batch" must not be spent on it.
+            time.sleep(0.2)
+
+    def running_query(self) -> bool:
+        """The current driver process has started its query."""
+        started = Path(self.ctx.checkpoint + ".started")
+        return self.process is not None and self.process.poll() is None \
+            and started.exists() and started.stat().st_mtime >= self.launched
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+    def stop(self, timeout_s: float = 120.0) -> int | None:
+        """SIGTERM: the driver stops its query gracefully (completing its last checkpoint)."""
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        return self.process.returncode

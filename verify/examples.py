@@ -1,0 +1,126 @@
+"""Pipelines under test: the kit's examples, and how a user's pipeline is found.
+
+A *pipeline under test* is a function ``(spark, ctx: PipelineContext) -> query`` that reads
+``ctx.input_topic`` and carries each input value (a decimal integer) to its output once: into
+column ``id`` of table ``ctx.output`` or as the value of a record in topic ``ctx.output``. The
+kit's own example pipelines are named in :data:`EXAMPLES`; a user's is ``module:function``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from oncekit.connectors import KafkaConfig
+from oncekit.core.crash import POINTS
+from oncekit.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from oncekit.core.protocol import SinkConfig
+
+COUNT, PER_BATCH = 1000, 300  # the one-shot tests: four batches; both partitions have rows in every batch
+
+
+@dataclass(frozen=True)
+class Example:
+    """One of the kit's example pipelines: integers from Kafka into one sink."""
+
+    kind: str  # "postgres" or "kafka": where the output is read
+    protocol: str
+    guarantee: str  # what the configuration promises
+    points: tuple[str, ...] = POINTS  # crash points its sink reaches
+    discards_checkpoint: bool = False  # known-bad: every (re)start deletes the checkpoint, reads from latest
+
+
+_NO_LATE_COMMIT = tuple(p for p in POINTS if p != "mid_commit")
+
+EXAMPLES = {
+    "postgres-two-phase-commit": Example("postgres", "two-phase-commit", "exactly-once"),
+    "postgres-write-ahead-log": Example("postgres", "write-ahead-log", "exactly-once"),
+    "postgres-idempotent": Example("postgres", "idempotent", "exactly-once", _NO_LATE_COMMIT),
+    "postgres-at-least-once": Example("postgres", "at-least-once", "at-least-once", _NO_LATE_COMMIT),
+    "postgres-at-most-once": Example("postgres", "at-least-once", "at-most-once", _NO_LATE_COMMIT, True),
+    "kafka-transactional": Example("kafka", "transactional", "exactly-once", _NO_LATE_COMMIT),
+    "kafka-write-ahead-log": Example("kafka", "write-ahead-log", "exactly-once"),
+    "kafka-at-least-once": Example("kafka", "at-least-once", "at-least-once", _NO_LATE_COMMIT),
+}
+
+
+@dataclass(frozen=True)
+class PipelineContext:
+    """What a pipeline under test is given: where its input is, where its output goes, and the
+    checkpoint it must use (the harness watches it and restarts from it)."""
+
+    bootstrap_servers: str
+    input_topic: str
+    output: str
+    checkpoint: str
+    dsn: str = field(default="", repr=False)
+    trigger: dict[str, Any] = field(default_factory=lambda: {"processingTime": "500 milliseconds"})
+    max_offsets_per_trigger: int = PER_BATCH
+
+
+def integers(spark: Any, kafka: KafkaConfig, topic: str, per_batch: int = PER_BATCH, starting: str = "earliest") -> Any:
+    """The stream: one row (id, payload) per well-formed input record; malformed ones are dropped."""
+    from oncekit.sources.kafka import kafka_stream
+
+    return kafka_stream(spark, kafka.bootstrap_servers, topic, max_offsets_per_trigger=per_batch,
+                        starting_offsets=starting).selectExpr(
+        "TRY_CAST(CAST(value AS STRING) AS INT) AS id", "CAST(value AS STRING) AS payload").where("id IS NOT NULL")
+
+
+def example_sink(sink: str, kafka: KafkaConfig, dsn: str, target: str) -> SinkConfig:
+    from oncekit.sinks.kafka import kafka_sink
+    from oncekit.sinks.postgres import postgres_sink
+
+    example = EXAMPLES[sink]
+    if example.kind == "kafka":
+        return kafka_sink(kafka.bootstrap_servers, target, example.protocol)
+    return postgres_sink(dsn, target, example.protocol, key_columns=("id",) if example.protocol == "idempotent" else ())
+
+
+def example_frame(sink: str, spark: Any, kafka: KafkaConfig, topic: str, per_batch: int = PER_BATCH) -> Any:
+    starting = "latest" if EXAMPLES[sink].discards_checkpoint else "earliest"
+    frame = integers(spark, kafka, topic, per_batch, starting)
+    return frame.selectExpr("CAST(id AS STRING) AS value") if EXAMPLES[sink].kind == "kafka" else frame
+
+
+def start_example(sink: str, spark: Any, ctx: PipelineContext) -> Any:
+    """Start the kit's example pipeline ``sink`` (a key of :data:`EXAMPLES`) as ``ctx`` says."""
+    from oncekit.core.spark.query import start_query
+
+    kafka = KafkaConfig(ctx.bootstrap_servers)
+    if EXAMPLES[sink].discards_checkpoint:  # the operator's mistake this example stands for
+        shutil.rmtree(ctx.checkpoint, ignore_errors=True)
+    return start_query(example_frame(sink, spark, kafka, ctx.input_topic, ctx.max_offsets_per_trigger),
+                       example_sink(sink, kafka, ctx.dsn, ctx.output), ctx.checkpoint, trigger=ctx.trigger)
+
+
+def sink_kind(pipeline: str) -> str:
+    """Where pipeline ``pipeline``'s output is read: an example's kind, or the ``kind`` attribute
+    a user's function may carry (default postgres)."""
+    if pipeline in EXAMPLES:
+        return EXAMPLES[pipeline].kind
+    kind = str(getattr(resolve(pipeline), "kind", "postgres"))
+    if kind not in ("postgres", "kafka"):
+        raise ConfigError(f"pipeline {pipeline}: kind must be 'postgres' or 'kafka', not {kind!r}")
+    return kind
+
+
+def resolve(pipeline: str) -> Callable[[Any, PipelineContext], Any]:
+    """The function behind ``pipeline``: an example's name or ``module:function``."""
+    if pipeline in EXAMPLES:
+        return lambda spark, ctx: start_example(pipeline, spark, ctx)
+    module, _, name = pipeline.partition(":")
+    if not module or not name:
+        raise ConfigError(f"pipeline {pipeline!r}: give one of {', '.join(EXAMPLES)} or module:function")
+    try:
+        function = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"pipeline {pipeline!r}: cannot load it: {exc}") from exc
+    if not callable(function):
+        raise ConfigError(f"pipeline {pipeline!r} is not callable")
+    return function  # type: ignore[no-any-return]
