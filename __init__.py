@@ -1,9 +1,38 @@
-"""oncekit: exactly-once PySpark Structured Streaming pipelines from Kafka into Kafka and PostgreSQL."""
+"""oncekit: exactly-once PySpark Structured Streaming pipelines from Kafka into Kafka and PostgreSQL.
+
+The public surface: :func:`start_query`, :func:`kafka_stream`, :func:`postgres_sink`,
+:func:`kafka_sink` and the errors. Importing ``oncekit`` loads neither Spark nor a client; each
+of the four loads its own module on first use.
+"""
 
 from __future__ import annotations
 
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
 from oncekit.core.errors import ConfigError, OncekitError, ServiceError
+
+if TYPE_CHECKING:
+    from oncekit.core.spark.query import start_query
+    from oncekit.sinks.kafka import kafka_sink
+    from oncekit.sinks.postgres import postgres_sink
+    from oncekit.sources.kafka import kafka_stream
 
 __version__ = "0.1.0"
 
-__all__ = ["ConfigError", "OncekitError", "ServiceError", "__version__"]
+_LAZY = {
+    "start_query": "oncekit.core.spark.query",
+    "kafka_stream": "oncekit.sources.kafka",
+    "postgres_sink": "oncekit.sinks.postgres",
+    "kafka_sink": "oncekit.sinks.kafka",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'oncekit' has no attribute {name!r}")
+
+
+__all__ = ["ConfigError", "OncekitError", "ServiceError", "__version__", "kafka_sink", "kafka_stream",
+           "postgres_sink", "start_query"]

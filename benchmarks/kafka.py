@@ -19,8 +19,8 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from oncekit.connectors import KafkaConfig, start_services
 from oncekit.connectors.kafka import create_topic
-from oncekit.core.query import start_query
-from oncekit.core.spark import spark_session
+from oncekit.core.spark.query import start_query
+from oncekit.core.spark.session import spark_session
 from oncekit.sinks.kafka import kafka_sink
 from oncekit.sources.kafka import kafka_stream
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from oncekit.connectors.base import redact_config
+from oncekit.connectors.redact import redact_config
 from oncekit.core.errors import ConfigError, ServiceError
 
 logger = logging.getLogger(__name__)

@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from oncekit.connectors.base import redact_dsn
+from oncekit.connectors.redact import redact_dsn
 from oncekit.core.errors import ConfigError, ServiceError
+from oncekit.core.names import TransactionId
 
 if TYPE_CHECKING:
     import psycopg
@@ -59,3 +60,14 @@ def check_server(dsn: str) -> None:
     except psycopg.Error as exc:
         # psycopg's message can quote the connection string; never pass it on unredacted.
         raise ServiceError(f"postgres at {redact_dsn(dsn)}: {redact_dsn(str(exc)).strip()}") from exc
+
+
+def prepared_transactions(conn: psycopg.Connection[Any], prefix: str = TransactionId.PREFIX) -> list[str]:
+    """Global ids of the prepared transactions in ``conn``'s database that start with ``prefix``
+    (by default every one oncekit made). The one reader of ``pg_prepared_xacts``."""
+    rows = conn.execute(
+        "SELECT gid FROM pg_prepared_xacts WHERE database = current_database() AND starts_with(gid, %s) ORDER BY gid",
+        (prefix,),
+    ).fetchall()
+    # SQL_ASCII databases answer bytes.
+    return [gid.decode() if isinstance(gid, bytes) else str(gid) for (gid,) in rows]

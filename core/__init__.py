@@ -1,11 +1,6 @@
-"""The checkpoint engine: guarantees, journal, checkpoint-complete notifications, recovery,
-crash points, the sink protocol base classes, restart strategies, savepoints, the Spark adapter.
+"""The exactly-once engine: sink protocols and committables, journal, Spark's logs read back,
+checkpoint-complete and recovery, staging, crash points, restart strategies, savepoints, errors.
 
-Everything here but the Spark adapter imports without a running Spark.
+Imports neither pyspark (only ``core/spark/`` adapts the engine to Spark), nor a client library
+(confluent-kafka, psycopg), nor ``oncekit.sinks`` / ``oncekit.sources``; pyarrow is its file layer.
 """
-
-from __future__ import annotations
-
-from oncekit.core.errors import ConfigError, OncekitError, ServiceError
-
-__all__ = ["ConfigError", "OncekitError", "ServiceError"]

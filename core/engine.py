@@ -24,9 +24,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from oncekit.core.base import Committable, Sink, TaskInfo
+from oncekit.core.protocol import Committable, Sink, SinkConfig, TaskInfo
 from oncekit.core.crash import crash_point
-from oncekit.core.journal import Journal, SparkCheckpoint
+from oncekit.core.journal import Journal
+from oncekit.core.spark_log import SparkLog
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -50,8 +51,13 @@ class CheckpointEngine:
 
     def __init__(self, sink: Sink, checkpoint: str) -> None:
         self.sink = sink
-        self.spark = SparkCheckpoint(checkpoint)
+        self.spark_log = SparkLog(checkpoint)
         self.journal = Journal(checkpoint, sink.sink_id)
+
+    @classmethod
+    def of(cls, config: SinkConfig, checkpoint: str) -> CheckpointEngine:
+        """The engine of the sink ``config`` describes, for the query checkpointed at ``checkpoint``."""
+        return cls(config.build(checkpoint), checkpoint)
 
     # -- task side ---------------------------------------------------------------------------
 
@@ -71,16 +77,16 @@ class CheckpointEngine:
         self.journal.write(batch_id, committables)
         logger.info("sink %s batch %s: journaled %s committables", self.sink.sink_id, batch_id, len(committables))
         crash_point("driver_after_journal", batch_id)
-        kept = {c.transaction_id for c in committables}
-        lost = [c for c in self.sink.leftovers([batch_id]) if c.transaction_id not in kept]
+        kept = {c.name for c in committables}
+        lost = [c for c in self.sink.leftovers([batch_id]) if c.name not in kept]
         if lost:
             self.sink.abort_batch(batch_id, lost)
 
     def abort(self, batch_id: int, committables: Sequence[Committable]) -> None:
         """Driver, in the stream writer's abort: Spark gave up on ``batch_id``."""
         leftovers = self.sink.leftovers([batch_id])
-        known = {c.transaction_id for c in committables}
-        self.sink.abort_batch(batch_id, [*committables, *(c for c in leftovers if c.transaction_id not in known)])
+        known = {c.name for c in committables}
+        self.sink.abort_batch(batch_id, [*committables, *(c for c in leftovers if c.name not in known)])
 
     def complete(self, up_to: int | None = None) -> list[int]:
         """Checkpoint-complete notification: commit every journaled, not yet committed batch
@@ -89,7 +95,7 @@ class CheckpointEngine:
         candidates = sorted(b for b in journaled - done if up_to is None or b <= up_to)
         if not candidates:
             return []
-        completed = self.spark.completed()
+        completed = self.spark_log.completed()
         committed = []
         for batch_id in candidates:
             if batch_id in completed:
@@ -106,8 +112,8 @@ class CheckpointEngine:
           newest planned batch while it is still running (its driver commit is about to come).
         """
         report = RecoveryReport()
-        completed = self.spark.completed()
-        latest = self.spark.latest_planned()
+        completed = self.spark_log.completed()
+        latest = self.spark_log.latest_planned()
         journaled, done = self.journal.entries()
         named: set[str] = set()
         for batch_id in sorted(journaled - done):
@@ -115,7 +121,7 @@ class CheckpointEngine:
             if batch_id in completed:
                 self._commit(batch_id, committables)
                 report.committed_batches.append(batch_id)
-                named.update(c.transaction_id for c in committables)
+                named.update(c.name for c in committables)
             else:
                 logger.warning("sink %s batch %s: checkpoint never completed; aborting %s committables",
                                self.sink.sink_id, batch_id, len(committables))
@@ -124,12 +130,12 @@ class CheckpointEngine:
                 report.aborted_batches.append(batch_id)
         orphans = [
             c for c in self.sink.leftovers()
-            if c.transaction_id not in named and not (c.batch_id == latest and c.batch_id not in completed)
+            if c.name not in named and not (c.batch_id == latest and c.batch_id not in completed)
         ]
         for batch_id in sorted({c.batch_id for c in orphans}):
             lost = [c for c in orphans if c.batch_id == batch_id]
             self.sink.abort_batch(batch_id, lost)
-            report.aborted_leftovers.extend(c.transaction_id for c in lost)
+            report.aborted_leftovers.extend(c.name for c in lost)
         self._prune(completed, journaled & done)
         return report
 
@@ -137,7 +143,7 @@ class CheckpointEngine:
         crash_point("before_notify", batch_id)
         if committables is None:
             committables = self.journal.read(batch_id)
-        self.sink.commit_batch(batch_id, committables, crash_point)
+        self.sink.commit_batch(batch_id, committables)
         self.journal.mark_done(batch_id)
 
     def _prune(self, completed: set[int], done: set[int]) -> None:

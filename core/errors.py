@@ -1,8 +1,9 @@
-"""The error tree of oncekit: one root class, one subclass per kind of failure.
+"""Every error oncekit raises: one root class, one subclass per kind of failure, all here.
 
-Every error oncekit raises derives from :class:`OncekitError`, so a caller can catch the
-kit's failures apart from Spark's and the clients'. Messages name what failed and where
-(service, sink, batch, partition, column or offset) and never carry a secret.
+A caller catches the kit's failures apart from Spark's and the clients' with
+:class:`OncekitError`. Messages name what failed and where (service, sink, batch, partition,
+column or offset) and never carry a secret. The modules that raise an error re-export it, so
+``oncekit.sinks.postgres.BadRecordError`` and ``oncekit.core.errors.BadRecordError`` are one class.
 """
 
 from __future__ import annotations
@@ -19,3 +20,45 @@ class ConfigError(OncekitError):
 class ServiceError(OncekitError):
     """An external service (Kafka, PostgreSQL, the container engine) could not be started,
     reached or controlled; the message says in one line what is missing."""
+
+
+class CommitError(OncekitError):
+    """A committable could not be committed and was not committed before (for example, a
+    prepared transaction vanished without its marker: someone rolled it back)."""
+
+
+class BadRecordError(OncekitError):
+    """PostgreSQL refused a row; the message names sink, batch, partition, row and column."""
+
+
+class RecordError(OncekitError):
+    """A Kafka record could not be written; the message names sink, batch, partition and row."""
+
+
+class NonDeterministicReplayError(OncekitError):
+    """A replayed batch would write other records than the committed attempt wrote."""
+
+
+class DataLossError(OncekitError):
+    """Records the query needs were deleted (retention) or the topic was recreated."""
+
+
+class SourceReadError(OncekitError):
+    """A task could not read its offset range."""
+
+
+class RestartsExhaustedError(OncekitError):
+    """The restart strategy gave up; ``__cause__`` is the last failure."""
+
+
+class SavepointError(OncekitError):
+    """A savepoint cannot be created, found, restored or deleted; the message says why and
+    what to do."""
+
+
+class PipelineError(OncekitError):
+    """A query of the reference pipeline failed; ``__cause__`` is Spark's error."""
+
+
+class VerifyError(OncekitError):
+    """The pipeline under test could not be run at all (as opposed to a failed verdict)."""

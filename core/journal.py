@@ -1,9 +1,8 @@
-"""The journal beside Spark's checkpoint, and Spark's own commit log read back.
+"""The journal beside Spark's checkpoint: what the driver received from the tasks, per batch.
 
 Layout under ``<checkpoint>/oncekit/<sink_id>/journal/``: ``<batch>.json`` holds the committables
 the driver received for that batch; ``<batch>.done`` appears once all of them are committed.
-Completion is never guessed: a batch is complete exactly when Spark has written
-``<checkpoint>/commits/<batch>``.
+Whether a batch's checkpoint is complete is Spark's commit log's to say (:mod:`oncekit.core.spark_log`).
 """
 
 from __future__ import annotations
@@ -12,35 +11,11 @@ import json
 import logging
 from collections.abc import Sequence
 
-from oncekit.core.base import Committable
+from oncekit.core.protocol import Committable
+from oncekit.core.spark_log import batch_ids
 from oncekit.core.storage import delete_file, filesystem, list_names, read_bytes, write_atomically
 
 logger = logging.getLogger(__name__)
-
-
-def _batch_ids(names: list[str], suffix: str = "") -> set[int]:
-    out = set()
-    for name in names:
-        stem = name[: -len(suffix)] if suffix and name.endswith(suffix) else (name if not suffix else "")
-        if stem.isdigit():
-            out.add(int(stem))
-    return out
-
-
-class SparkCheckpoint:
-    """Read-only view of Spark's offset and commit logs for one query."""
-
-    def __init__(self, checkpoint: str) -> None:
-        self.fs, self.root = filesystem(checkpoint)
-
-    def completed(self) -> set[int]:
-        """Batch ids whose commit Spark has logged: their checkpoint is complete."""
-        return _batch_ids(list_names(self.fs, f"{self.root}/commits"))
-
-    def latest_planned(self) -> int | None:
-        """The newest batch id in the offset log (planned; maybe running, maybe complete)."""
-        planned = _batch_ids(list_names(self.fs, f"{self.root}/offsets"))
-        return max(planned) if planned else None
 
 
 class Journal:
@@ -68,7 +43,7 @@ class Journal:
     def entries(self) -> tuple[set[int], set[int]]:
         """(journaled batch ids, the ones of them marked done)."""
         names = list_names(self.fs, self.directory)
-        return _batch_ids(names, ".json"), _batch_ids(names, ".done")
+        return batch_ids(names, ".json"), batch_ids(names, ".done")
 
     def mark_done(self, batch_id: int) -> None:
         write_atomically(self.fs, self._path(batch_id, ".done"), b"")

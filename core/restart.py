@@ -17,13 +17,9 @@ from typing import Any
 
 import tenacity
 
-from oncekit.core.errors import ConfigError, OncekitError
+from oncekit.core.errors import ConfigError, OncekitError, RestartsExhaustedError
 
 logger = logging.getLogger(__name__)
-
-
-class RestartsExhaustedError(OncekitError):
-    """The restart strategy gave up; ``__cause__`` is the last failure."""
 
 
 @dataclass(frozen=True)

@@ -1,26 +1,23 @@
 """Staged rows of the write-ahead-log protocol: Arrow IPC files under the checkpoint.
 
-``<checkpoint>/oncekit/<sink>/staged/<batch>/<partition>-<attempt>.arrow``, each written
-atomically by one task attempt, read by whichever process publishes the batch once its
-checkpoint is complete, and deleted after that (or when the batch is aborted).
+``<checkpoint>/oncekit/<sink>/staged/`` + :class:`~oncekit.core.names.StagedFile`
+(``<batch>/<partition>-<attempt>.arrow``), each written atomically by one task attempt, read by
+whichever process publishes the batch once its checkpoint is complete, and deleted after that
+(or when the batch is aborted).
 """
 
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING
 
-from oncekit.core.base import Committable, TaskInfo
+import pyarrow as pa
+
+from oncekit.core.names import StagedFile
+from oncekit.core.protocol import Committable, TaskInfo
 from oncekit.core.storage import delete_file, filesystem, list_names, write_atomically
 
-if TYPE_CHECKING:
-    import pyarrow as pa
-
 logger = logging.getLogger(__name__)
-
-_STAGED_NAME = re.compile(r"(\d+)-(\d+)\.arrow")
 
 
 class StagedFiles:
@@ -33,8 +30,6 @@ class StagedFiles:
 
     def stage(self, task: TaskInfo, batches: Iterator[pa.RecordBatch]) -> Committable | None:
         """Task: write the partition's rows to one file; None when there were none."""
-        import pyarrow as pa
-
         buffer = pa.BufferOutputStream()
         writer = None
         rows = 0
@@ -48,21 +43,22 @@ class StagedFiles:
         if writer is None:
             return None
         writer.close()
-        path = f"{self.directory}/{task.batch_id}/{task.partition_id}-{task.attempt}.arrow"
-        write_atomically(self.fs, path, buffer.getvalue().to_pybytes())
+        write_atomically(self.fs, self._path(task.staged_file), buffer.getvalue().to_pybytes())
         logger.info("sink %s batch %s partition %s: staged %s rows in %s", self.sink_id, task.batch_id,
-                    task.partition_id, rows, path)
-        return Committable(task.sink_id, task.batch_id, task.partition_id, task.attempt, path, rows)
+                    task.partition_id, rows, task.staged_file)
+        return Committable(task.sink_id, task.batch_id, task.partition_id, task.attempt, rows,
+                           staged_file=task.staged_file)
+
+    def _path(self, staged_file: str | None) -> str:
+        return f"{self.directory}/{staged_file}"
 
     def read(self, committable: Committable) -> Iterator[pa.RecordBatch]:
-        import pyarrow as pa
-
-        with self.fs.open_input_stream(committable.transaction_id) as source:
+        with self.fs.open_input_stream(self._path(committable.staged_file)) as source:
             yield from pa.ipc.open_stream(source)
 
     def discard(self, committables: Sequence[Committable]) -> None:
         for committable in committables:
-            delete_file(self.fs, committable.transaction_id)
+            delete_file(self.fs, self._path(committable.staged_file))
 
     def leftovers(self, batch_ids: Iterable[int] | None = None) -> list[Committable]:
         """Every staged file still present, for ``batch_ids`` or all batches."""
@@ -72,8 +68,8 @@ class StagedFiles:
             if not name.isdigit() or (wanted is not None and int(name) not in wanted):
                 continue
             for file_name in list_names(self.fs, f"{self.directory}/{name}"):
-                match = _STAGED_NAME.fullmatch(file_name)
-                if match:
-                    out.append(Committable(self.sink_id, int(name), int(match[1]), int(match[2]),
-                                           f"{self.directory}/{name}/{file_name}", 0))
+                staged = StagedFile.parse(f"{name}/{file_name}")
+                if staged is not None:
+                    out.append(Committable(self.sink_id, staged.batch_id, staged.partition_id, staged.attempt, 0,
+                                           staged_file=str(staged)))
         return out

@@ -8,25 +8,21 @@ filesystem through the JVM. pyarrow reaches the same local, HDFS and S3 location
 from __future__ import annotations
 
 import uuid
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from pyarrow.fs import FileSystem
+from pyarrow.fs import FileSelector, FileSystem, LocalFileSystem
 
 
 def filesystem(location: str) -> tuple[FileSystem, str]:
     """The filesystem and the path within it for a Spark checkpoint location
     (``/path``, ``file:/path``, ``hdfs://...``, ``s3a://...``)."""
-    from pyarrow import fs
-
     if "://" not in location and not location.startswith("file:"):
-        return fs.LocalFileSystem(), location.rstrip("/")
+        return LocalFileSystem(), location.rstrip("/")
     if location.startswith("file:") and not location.startswith("file://"):
         location = "file://" + location[len("file:"):]
     if location.startswith(("s3a://", "s3n://")):
         location = "s3://" + location.split("://", 1)[1]
-    filesystem_, path = fs.FileSystem.from_uri(location)
-    return filesystem_, path.rstrip("/")
+    found, path = FileSystem.from_uri(location)
+    return found, path.rstrip("/")
 
 
 def write_atomically(fs: FileSystem, path: str, data: bytes) -> None:
@@ -46,8 +42,6 @@ def read_bytes(fs: FileSystem, path: str) -> bytes:
 
 def list_names(fs: FileSystem, directory: str) -> list[str]:
     """Base names of the entries of ``directory``; empty when it does not exist."""
-    from pyarrow.fs import FileSelector
-
     infos = fs.get_file_info(FileSelector(directory, allow_not_found=True))
     return [info.base_name for info in infos]
 

@@ -1,1 +1,17 @@
-"""Sinks for Kafka and PostgreSQL: idempotent, write-ahead-log and two-phase-commit protocols."""
+"""Sinks for PostgreSQL (``postgres/``) and Kafka (``kafka/``), one module per protocol, built on
+the protocol bases of :mod:`oncekit.core.protocol`. May import core (not core.spark),
+connectors and the client libraries; pyspark only in ``_spark.py``, the Spark data sources.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def register(spark: Any) -> None:
+    """Make ``df.writeStream.format("oncekit-postgres")`` and ``format("oncekit-kafka-sink")``
+    known to ``spark`` (``start_query`` registers the one it needs by itself)."""
+    from oncekit.sinks._spark import DATA_SOURCES
+
+    for source in DATA_SOURCES:
+        spark.dataSource.register(source)

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pyspark.sql.datasource import DataSource, DataSourceStreamWriter
 from pyspark.sql.types import StructType
 
-from oncekit.core.adapter import stream_writer
-from oncekit.sinks.kafka import KafkaSinkConfig
-from oncekit.sinks.postgres import PostgresSinkConfig
+from oncekit.core.spark.writer import stream_writer
+from oncekit.sinks.kafka.config import KafkaSinkConfig
+from oncekit.sinks.postgres.config import PostgresSinkConfig
 
 
 class PostgresDataSource(DataSource):

@@ -18,8 +18,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from oncekit.connectors.base import redact_config
-from oncekit.core.errors import ConfigError, OncekitError
+from oncekit.connectors.redact import redact_config
+from oncekit.core.errors import ConfigError, DataLossError, OncekitError, SourceReadError
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -35,14 +35,6 @@ HEADERS_FIELD = "headers array<struct<key: string, value: binary>>"
 
 # Offsets as Spark stores them: {topic: {partition (as str, JSON keys are strings): offset}}.
 Offsets = dict[str, dict[str, int]]
-
-
-class DataLossError(OncekitError):
-    """Records the query needs were deleted (retention) or the topic was recreated."""
-
-
-class SourceReadError(OncekitError):
-    """A task could not read its offset range."""
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,7 @@ def topic(kafka: KafkaConfig, unique_name: str) -> str:
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
-    from oncekit.core.spark import spark_session
+    from oncekit.core.spark.session import spark_session
     from oncekit.sources.kafka import register
 
     session = spark_session("oncekit-tests")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from oncekit.core.query import OncekitQuery, start_query
-from oncekit.sinks.base import SinkConfig
+from oncekit.core.spark.query import OncekitQuery, start_query
+from oncekit.core.protocol import SinkConfig
 from oncekit.verify import (  # noqa: F401  (re-exported for the tests)
     COUNT,
     PER_BATCH,

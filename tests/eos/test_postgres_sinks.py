@@ -12,7 +12,7 @@ import pytest
 
 from oncekit.connectors import KafkaConfig
 from oncekit.core.crash import POINTS, arm, fired
-from oncekit.core.query import start_query
+from oncekit.core.spark.query import start_query
 from oncekit.sinks.postgres import postgres_sink
 from oncekit.verify import compare
 from tests.eos.pipeline import COUNT, PER_BATCH, integers, prepared_transactions, produce_input, run_available_now, table_ids

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from oncekit.connectors import Services
-from oncekit.connectors.spark_cluster import StandaloneCluster
+from oncekit.connectors.services.spark_cluster import StandaloneCluster
 from oncekit.verify import CampaignReport, Fault, Upstream, run_campaign, schedule, table, write_json
 
 pytestmark = [pytest.mark.services, pytest.mark.spark]

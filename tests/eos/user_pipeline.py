@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from oncekit.core.query import start_query
+from oncekit.core.spark.query import start_query
 from oncekit.sinks.postgres import postgres_sink
 from oncekit.sources.kafka import kafka_stream
 from oncekit.verify import PipelineContext

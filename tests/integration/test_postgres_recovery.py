@@ -10,7 +10,7 @@ import psycopg
 import pyarrow as pa
 import pytest
 
-from oncekit.core.base import CommitError, TaskInfo
+from oncekit.core.protocol import CommitError, TaskInfo
 from oncekit.core.engine import CheckpointEngine
 from oncekit.sinks.postgres import BadRecordError, postgres_sink
 

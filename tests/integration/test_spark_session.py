@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from oncekit.core.spark import ROCKSDB_PROVIDER
+from oncekit.core.spark.session import ROCKSDB_PROVIDER
 
 pytestmark = pytest.mark.spark
 

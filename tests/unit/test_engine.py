@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from oncekit.core.base import CommitOutcome, Committable, DeliveryGuarantee, TaskInfo, TwoPhaseCommitSink
+from oncekit.core.protocol import CommitOutcome, Committable, DeliveryGuarantee, TaskInfo, TwoPhaseCommitSink
 from oncekit.core.engine import CheckpointEngine
 from oncekit.core.journal import Journal
 
@@ -31,7 +31,7 @@ class MemorySink(TwoPhaseCommitSink[TaskInfo]):
 
     def pre_commit(self, transaction: TaskInfo) -> Committable:
         t = transaction
-        committable = Committable(t.sink_id, t.batch_id, t.partition_id, t.attempt, t.transaction_id, 1)
+        committable = Committable(t.sink_id, t.batch_id, t.partition_id, t.attempt, 1, transaction_id=t.transaction_id)
         self.prepared[t.transaction_id] = committable
         return committable
 
@@ -129,9 +129,9 @@ def test_recover_prunes_finished_batches_spark_no_longer_keeps(engine: Checkpoin
 
 def test_journal_survives_as_json_and_rewrites_atomically(tmp_path: Path) -> None:
     journal = Journal(str(tmp_path), "s")
-    first = [Committable("s", 3, 0, 0, "t0", 5)]
+    first = [Committable("s", 3, 0, 0, 5, transaction_id="t0")]
     journal.write(3, first)
-    journal.write(3, [*first, Committable("s", 3, 1, 0, "t1", 6)])
+    journal.write(3, [*first, Committable("s", 3, 1, 0, 6, transaction_id="t1")])
     assert [c.transaction_id for c in journal.read(3)] == ["t0", "t1"]
     assert not [p for p in (tmp_path / "oncekit" / "s" / "journal").iterdir() if p.name.endswith(".tmp")]
 

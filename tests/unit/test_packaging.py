@@ -24,7 +24,9 @@ def test_wheel_holds_only_oncekit_packages(tmp_path: Path) -> None:
     top = {name.split("/")[0] for name in names}
     assert top == {"oncekit", wheel.name.split("-py")[0] + ".dist-info"}
     packages = {name.rsplit("/", 1)[0] for name in names if name.endswith(".py")}
-    assert packages == {"oncekit", "oncekit/core", "oncekit/sources", "oncekit/sinks", "oncekit/connectors"}
+    assert packages == {"oncekit", "oncekit/core", "oncekit/core/spark", "oncekit/sources", "oncekit/sinks",
+                        "oncekit/sinks/postgres", "oncekit/sinks/kafka", "oncekit/connectors",
+                        "oncekit/connectors/services", "oncekit/verify", "oncekit/reference"}
     assert "oncekit/py.typed" in names
     assert "oncekit/pipeline.toml" in names  # the pipeline's default config, read at run time
     assert not [n for n in names if "tests" in n or "docker" in n.split("/")[1:2] or n.endswith((".yml", ".sh", ".xml"))]

@@ -13,7 +13,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from oncekit.connectors.base import free_port
+from oncekit.connectors.services.base import free_port
 from oncekit.core.errors import ServiceError
 
 logger = logging.getLogger(__name__)

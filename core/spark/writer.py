@@ -13,9 +13,10 @@ import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from pyspark import TaskContext
 from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
 
-from oncekit.core.base import Committable, TaskInfo
+from oncekit.core.protocol import Committable, SinkConfig, TaskInfo
 from oncekit.core.engine import CheckpointEngine
 from oncekit.core.errors import ConfigError
 
@@ -23,7 +24,6 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql.types import StructType
 
-    from oncekit.sinks.base import SinkConfig
 
 logger = logging.getLogger(__name__)
 
@@ -65,12 +65,10 @@ class EngineStreamWriter(DataSourceStreamArrowWriter):
                            report.aborted_batches, report.aborted_leftovers)
 
     def _engine(self) -> CheckpointEngine:
-        return CheckpointEngine(self.config.build(self.checkpoint), self.checkpoint)
+        return CheckpointEngine.of(self.config, self.checkpoint)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
         """Task: write this partition of the batch through the sink."""
-        from pyspark import TaskContext
-
         context = TaskContext.get()
         if context is None:
             raise ConfigError(f"sink {self.config.sink_id}: write() ran outside a Spark task")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from oncekit.connectors.base import KafkaService, PostgresService
+from oncekit.connectors.services.base import KafkaService, PostgresService
 from oncekit.core.errors import ConfigError, ServiceError
 
 

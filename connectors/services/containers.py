@@ -16,7 +16,7 @@ import os
 import secrets
 from typing import TYPE_CHECKING, Any
 
-from oncekit.connectors.base import KafkaService, PostgresService, Service, free_port
+from oncekit.connectors.services.base import KafkaService, PostgresService, Service, free_port
 from oncekit.connectors.kafka import CLUSTER_ID, KAFKA_VERSION, broker_properties
 from oncekit.connectors.postgres import MAX_PREPARED_TRANSACTIONS
 from oncekit.core.errors import ServiceError

@@ -1,6 +1,7 @@
-"""The sink protocols: what a sink implements so that the checkpoint engine can make it exactly-once.
+"""The contract between the checkpoint engine and every sink: what a sink implements so that
+the engine can make it exactly-once, and what a sink's configuration provides.
 
-Three shapes, after Flink:
+The protocol bases, after Flink:
 
 - :class:`TwoPhaseCommitSink`: tasks ``begin_transaction``, ``write``, ``pre_commit`` (returning a
   committable); once the checkpoint is complete the engine calls ``commit``; after a crash it
@@ -10,8 +11,12 @@ Three shapes, after Flink:
   records the checkpoint in the same transaction, so a repeated call sends nothing.
 - :class:`IdempotentSink`: tasks write with deterministic keys (upsert); a replay rewrites the
   same rows, so there is nothing to commit later.
+- :class:`TaskCommitSink`: tasks commit their own transaction together with a batch marker; a
+  replay finds the marker and writes nothing (Kafka, whose transactions cannot outlive a producer).
+- :class:`AtLeastOnceSink`: tasks write and commit at once; a replay writes again. For comparison
+  and for targets that deduplicate on their own.
 
-A sink for another system is a subclass of one of these and nothing else; it never sees Spark.
+A sink for another system subclasses one of these and nothing else; it never sees Spark.
 """
 
 from __future__ import annotations
@@ -19,12 +24,15 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
+import re
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
-from oncekit.core.errors import OncekitError
+from oncekit.core.crash import crash_point
+from oncekit.core.errors import ConfigError
+from oncekit.core.names import StagedFile, TransactionId
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -32,6 +40,8 @@ if TYPE_CHECKING:
     from oncekit.core.staging import StagedFiles
 
 logger = logging.getLogger(__name__)
+
+_SINK_ID = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
 
 
 class DeliveryGuarantee(enum.Enum):
@@ -41,18 +51,6 @@ class DeliveryGuarantee(enum.Enum):
     AT_LEAST_ONCE = "at-least-once"
     EXACTLY_ONCE = "exactly-once"
 
-    @classmethod
-    def parse(cls, value: str | DeliveryGuarantee) -> DeliveryGuarantee:
-        if isinstance(value, DeliveryGuarantee):
-            return value
-        normalized = value.strip().lower().replace("_", "-")
-        for member in cls:
-            if member.value == normalized:
-                return member
-        from oncekit.core.errors import ConfigError
-
-        raise ConfigError(f"unknown delivery guarantee {value!r}; choose at-most-once, at-least-once or exactly-once")
-
 
 class CommitOutcome(enum.Enum):
     """How a commit or abort request ended. Anything else raises a named error."""
@@ -61,11 +59,6 @@ class CommitOutcome(enum.Enum):
     ALREADY_COMMITTED = "already committed"
     ABORTED = "aborted"
     ALREADY_ABORTED = "already aborted"
-
-
-class CommitError(OncekitError):
-    """A committable could not be committed and was not committed before (for example, a
-    prepared transaction vanished without its marker: someone rolled it back)."""
 
 
 @dataclass(frozen=True)
@@ -82,23 +75,35 @@ class TaskInfo:
     def transaction_id(self) -> str:
         """Deterministic per (sink, batch, partition, attempt): a retried task gets a new id, a
         replayed batch after a restart reuses it (the old one is aborted before)."""
-        return f"oncekit:{self.sink_id}:{self.batch_id}:{self.partition_id}:{self.attempt}"
+        return str(TransactionId(self.sink_id, self.batch_id, self.partition_id, self.attempt))
+
+    @property
+    def staged_file(self) -> str:
+        """The task's write-ahead-log file, relative to the sink's staging folder."""
+        return str(StagedFile(self.batch_id, self.partition_id, self.attempt))
 
 
 @dataclass(frozen=True)
 class Committable:
     """What a task pre-committed, journaled by the driver, committed once the checkpoint completes.
 
-    ``transaction_id`` names the open transaction (two-phase commit) or the staged file
-    (write-ahead log). Frozen and JSON-serializable: the journal stores it as a dict.
+    Exactly one of ``transaction_id`` (an open transaction: two-phase commit) and ``staged_file``
+    (rows staged under the checkpoint, relative to the sink's staging folder: write-ahead log) is
+    set. Frozen and JSON-serializable: the journal stores it as a dict.
     """
 
     sink_id: str
     batch_id: int
     partition_id: int
     attempt: int
-    transaction_id: str
     rows: int
+    transaction_id: str | None = None
+    staged_file: str | None = None
+
+    @property
+    def name(self) -> str:
+        """What the committable holds open in the target or the checkpoint: its identity."""
+        return self.transaction_id or self.staged_file or ""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -112,11 +117,11 @@ TxnT = TypeVar("TxnT")
 
 
 class Sink(ABC):
-    """The engine's view of every sink. Subclass one of the three protocols below, not this."""
+    """The engine's view of every sink. Subclass one of the protocol bases below, not this."""
 
     protocol: ClassVar[str]
+    guarantee: ClassVar[DeliveryGuarantee] = DeliveryGuarantee.EXACTLY_ONCE
     sink_id: str
-    guarantee: DeliveryGuarantee
 
     def preflight(self) -> None:
         """Driver, once per query start: check the target (tables, server settings) and raise a
@@ -126,9 +131,8 @@ class Sink(ABC):
     def write_partition(self, task: TaskInfo, batches: Iterator[pa.RecordBatch]) -> Committable | None:
         """Task: write one partition of one batch; return what the driver must journal, if anything."""
 
-    def commit_batch(self, batch_id: int, committables: Sequence[Committable], crash: Any = None) -> None:
-        """Driver (or listener): make a completed checkpoint's output visible. Idempotent.
-        ``crash`` is the engine's crash hook, called between two committables."""
+    def commit_batch(self, batch_id: int, committables: Sequence[Committable]) -> None:
+        """Driver (or listener): make a completed checkpoint's output visible. Idempotent."""
 
     def abort_batch(self, batch_id: int, committables: Sequence[Committable]) -> None:
         """Driver: discard what an incomplete checkpoint pre-committed. Idempotent."""
@@ -192,10 +196,10 @@ class TwoPhaseCommitSink(Sink, Generic[TxnT]):
             raise
         return self.pre_commit(transaction)
 
-    def commit_batch(self, batch_id: int, committables: Sequence[Committable], crash: Any = None) -> None:
+    def commit_batch(self, batch_id: int, committables: Sequence[Committable]) -> None:
         for index, committable in enumerate(committables):
-            if index and crash is not None:
-                crash("mid_commit", batch_id)
+            if index:
+                crash_point("mid_commit", batch_id)
             outcome = self.recover_and_commit(committable)
             logger.info("sink %s batch %s partition %s txn %s: %s", self.sink_id, batch_id,
                         committable.partition_id, committable.transaction_id, outcome.value)
@@ -211,22 +215,29 @@ class WriteAheadSink(Sink):
     """Flink's GenericWriteAheadSink: stage, then send the staged values on completion and record
     the checkpoint in a checkpoint committer in the same transaction. Staging, discarding and
     finding leftovers are done here, on :class:`~oncekit.core.staging.StagedFiles`; a subclass
-    writes ``send_values`` only."""
+    writes ``send_values`` only, reading the batch through :meth:`staged_batches`."""
 
     protocol = "write-ahead-log"
     staged: StagedFiles
 
     @abstractmethod
-    def send_values(self, batch_id: int, committables: Sequence[Committable], crash: Any = None) -> CommitOutcome:
+    def send_values(self, batch_id: int, committables: Sequence[Committable]) -> CommitOutcome:
         """Driver: write every staged row of the batch to the target and record (sink, batch) in
-        the checkpoint committer, atomically. ALREADY_COMMITTED when the batch is recorded.
-        ``crash`` is the engine's crash hook, called between two staged files."""
+        the checkpoint committer, atomically. ALREADY_COMMITTED when the batch is recorded."""
+
+    def staged_batches(self, batch_id: int, committables: Sequence[Committable]) -> Iterator[tuple[Committable, Iterator[pa.RecordBatch]]]:
+        """For ``send_values``: each staged file with its Arrow batches, with the ``mid_commit``
+        crash point between two files."""
+        for index, committable in enumerate(committables):
+            if index:
+                crash_point("mid_commit", batch_id)
+            yield committable, self.staged.read(committable)
 
     def write_partition(self, task: TaskInfo, batches: Iterator[pa.RecordBatch]) -> Committable | None:
         return self.staged.stage(task, batches)
 
-    def commit_batch(self, batch_id: int, committables: Sequence[Committable], crash: Any = None) -> None:
-        outcome = self.send_values(batch_id, committables, crash) if committables else CommitOutcome.ALREADY_COMMITTED
+    def commit_batch(self, batch_id: int, committables: Sequence[Committable]) -> None:
+        outcome = self.send_values(batch_id, committables) if committables else CommitOutcome.ALREADY_COMMITTED
         self.staged.discard(committables)
         logger.info("sink %s batch %s: %s rows in %s staged files %s", self.sink_id, batch_id,
                     sum(c.rows for c in committables), len(committables), outcome.value)
@@ -240,7 +251,7 @@ class WriteAheadSink(Sink):
 
 
 class IdempotentSink(Sink):
-    """Writes with deterministic keys inside the task; a replay rewrites the same rows."""
+    """Writes with deterministic keys inside the task and commits; a replay rewrites the same rows."""
 
     protocol = "idempotent"
 
@@ -251,3 +262,81 @@ class IdempotentSink(Sink):
     def write_partition(self, task: TaskInfo, batches: Iterator[pa.RecordBatch]) -> Committable | None:
         self.upsert(task, batches)
         return None
+
+
+class TaskCommitSink(Sink):
+    """Each task commits its own transaction together with a marker of its (sink, batch,
+    partition); a replayed batch finds the marker and writes nothing."""
+
+    protocol = "transactional"
+
+    @abstractmethod
+    def commit_task(self, task: TaskInfo, batches: Iterator[pa.RecordBatch]) -> int:
+        """Task: write the partition and its batch marker in one transaction and commit it, or
+        write nothing when the marker shows the batch committed; return the rows written."""
+
+    def write_partition(self, task: TaskInfo, batches: Iterator[pa.RecordBatch]) -> Committable | None:
+        self.commit_task(task, batches)
+        return None
+
+
+class AtLeastOnceSink(Sink):
+    """Tasks write and commit at once; a batch re-run after a crash writes its rows again."""
+
+    protocol = "at-least-once"
+    guarantee = DeliveryGuarantee.AT_LEAST_ONCE
+
+    @abstractmethod
+    def append(self, task: TaskInfo, batches: Iterator[pa.RecordBatch]) -> int:
+        """Task: write and commit (or flush) the partition; return the number of rows written."""
+
+    def write_partition(self, task: TaskInfo, batches: Iterator[pa.RecordBatch]) -> Committable | None:
+        self.append(task, batches)
+        return None
+
+
+class SinkConfig(ABC):
+    """A sink's configuration: picklable, frozen, free of open connections. It travels as Spark
+    string options (for ``df.writeStream.format(...)``) and builds the sink object in whichever
+    process needs it: the driver's Python worker, an executor's task, or the user's driver
+    process (the listener)."""
+
+    format_name: ClassVar[str]
+    sink_id: str
+    protocol: str
+
+    def _check_common(self, protocols: tuple[str, ...], target: str, default_id: str) -> None:
+        """Called from a subclass's ``__post_init__``: the protocol is known, the target is given,
+        and the sink id (which names transactions, journal folders and marker groups) is safe;
+        without one it is derived from the target."""
+        if self.protocol not in protocols:
+            raise ConfigError(f"{self.format_name}: unknown protocol {self.protocol!r}; choose one of {', '.join(protocols)}")
+        if not target:
+            raise ConfigError(f"{self.format_name}: the target (table or topic) is required")
+        if not self.sink_id:
+            object.__setattr__(self, "sink_id", re.sub(r"[^A-Za-z0-9_.-]", "_", default_id))
+        if not _SINK_ID.match(self.sink_id):
+            raise ConfigError(f"{self.format_name}: sink id {self.sink_id!r} may hold only letters, digits, '_', '.', '-'")
+
+    @property
+    def guarantee(self) -> DeliveryGuarantee:
+        return DeliveryGuarantee.AT_LEAST_ONCE if self.protocol == "at-least-once" else DeliveryGuarantee.EXACTLY_ONCE
+
+    @abstractmethod
+    def build(self, checkpoint: str) -> Sink:
+        """Create the sink object for a query whose checkpoint is at ``checkpoint``."""
+
+    @abstractmethod
+    def to_options(self) -> dict[str, str]:
+        """Spark string options that :meth:`from_options` turns back into this configuration."""
+
+    @classmethod
+    @abstractmethod
+    def from_options(cls, options: Mapping[str, str], columns: tuple[str, ...]) -> SinkConfig:
+        """Parse Spark's (lower-cased) options; ``columns`` are the stream's column names."""
+
+    @classmethod
+    @abstractmethod
+    def data_source(cls) -> type:
+        """The PySpark ``DataSource`` class of ``format_name``, which ``start_query`` registers.
+        Imports pyspark: called only where a SparkSession exists."""

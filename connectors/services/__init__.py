@@ -1,4 +1,5 @@
-"""Start, find and stop the services oncekit's tests, demo and CLI run against.
+"""Start, find and stop the services oncekit's tests, demo and CLI run against (Kafka, PostgreSQL,
+a Spark standalone cluster): containers, local processes or the user's own.
 
 ``start_services(backend)`` is the one entry point; ``backend`` is ``containers`` (testcontainers
 on Docker or Podman), ``local`` (local processes), ``external`` (the user's own) or ``auto``
@@ -14,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from oncekit.connectors.base import KafkaService, PostgresService, Services
+from oncekit.connectors.services.base import KafkaService, PostgresService, Services
 from oncekit.core.errors import ConfigError, ServiceError
 
 logger = logging.getLogger(__name__)
@@ -27,7 +28,7 @@ def resolve_backend(backend: str) -> str:
         raise ConfigError(f"unknown services backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     if backend != "auto":
         return backend
-    from oncekit.connectors.containers import engine_answers
+    from oncekit.connectors.services.containers import engine_answers
 
     return "containers" if engine_answers() else "local"
 
@@ -40,7 +41,7 @@ def start_services(backend: str = "auto") -> Services:
     kafka: KafkaService
     postgres: PostgresService
     if chosen == "containers":
-        from oncekit.connectors.containers import ContainerKafka, ContainerPostgres, engine_answers
+        from oncekit.connectors.services.containers import ContainerKafka, ContainerPostgres, engine_answers
 
         if not engine_answers():
             raise ServiceError(
@@ -49,11 +50,11 @@ def start_services(backend: str = "auto") -> Services:
         kafka_type: Any = ContainerKafka
         postgres_type: Any = ContainerPostgres
     elif chosen == "local":
-        from oncekit.connectors.local import LocalKafka, LocalPostgres
+        from oncekit.connectors.services.local import LocalKafka, LocalPostgres
 
         kafka_type, postgres_type = LocalKafka, LocalPostgres
     else:
-        from oncekit.connectors.external import ExternalKafka, ExternalPostgres
+        from oncekit.connectors.services.external import ExternalKafka, ExternalPostgres
 
         services = Services(chosen, ExternalKafka(), ExternalPostgres())
         services.kafka.wait_ready(30)
@@ -91,14 +92,14 @@ def load_state() -> Services | None:
     payload = json.loads(path.read_text())
     backend = payload["backend"]
     if backend == "containers":
-        from oncekit.connectors.containers import ContainerKafka, ContainerPostgres
+        from oncekit.connectors.services.containers import ContainerKafka, ContainerPostgres
 
         return Services(backend, ContainerKafka.from_state(payload["kafka"]), ContainerPostgres.from_state(payload["postgres"]))
     if backend == "local":
-        from oncekit.connectors.local import LocalKafka, LocalPostgres
+        from oncekit.connectors.services.local import LocalKafka, LocalPostgres
 
         return Services(backend, LocalKafka.from_state(payload["kafka"]), LocalPostgres.from_state(payload["postgres"]))
-    from oncekit.connectors.external import ExternalKafka, ExternalPostgres
+    from oncekit.connectors.services.external import ExternalKafka, ExternalPostgres
 
     return Services(backend, ExternalKafka(), ExternalPostgres())
 

@@ -18,14 +18,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from oncekit.connectors.base import KafkaService, PostgresService, free_port, port_in_use, redact_dsn, wait_until
+from oncekit.connectors.redact import redact_dsn
+from oncekit.connectors.services.base import KafkaService, PostgresService, free_port, port_in_use, wait_until
 from oncekit.connectors.kafka import CLUSTER_ID, broker_properties
 from oncekit.connectors.postgres import MAX_PREPARED_TRANSACTIONS, check_server, connect
 from oncekit.core.errors import ServiceError
 
 logger = logging.getLogger(__name__)
 
-_REPO_DOCKER = Path(__file__).resolve().parent.parent / "docker"
+_REPO_DOCKER = Path(__file__).resolve().parents[2] / "docker"
 
 
 def broker_libs() -> Path:

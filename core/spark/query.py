@@ -1,6 +1,6 @@
 """Starting queries with oncekit sinks, and the checkpoint-complete listener.
 
-``start_query`` registers the sinks' Spark formats, attaches one :class:`CheckpointListener` per
+``start_query`` registers the sink's Spark format, attaches one :class:`CheckpointListener` per
 SparkSession and starts the query. The listener runs in the user's driver process, where Spark
 delivers query progress; it reaches the journal through storage, like everything else.
 """
@@ -10,17 +10,19 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import weakref
 from typing import TYPE_CHECKING, Any
 
+from pyspark.sql import SparkSession
 from pyspark.sql.streaming.listener import StreamingQueryListener
 
 from oncekit.core.engine import CheckpointEngine
+from oncekit.core.protocol import SinkConfig
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import DataFrame
     from pyspark.sql.streaming.query import StreamingQuery
 
-    from oncekit.sinks.base import SinkConfig
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +45,7 @@ class CheckpointListener(StreamingQueryListener):
             watched = list(self._watched.get(query_id, []))
         for config, checkpoint in watched:
             try:
-                committed = CheckpointEngine(config.build(checkpoint), checkpoint).complete(up_to)
+                committed = CheckpointEngine.of(config, checkpoint).complete(up_to)
                 if committed:
                     logger.info("sink %s: checkpoints %s complete and committed", config.sink_id, committed)
             except Exception as exc:  # the next batch's recovery retries; never kill the listener thread
@@ -67,24 +69,20 @@ class CheckpointListener(StreamingQueryListener):
             self._watched.pop(str(event.id), None)
 
 
-_listeners: dict[int, CheckpointListener] = {}
-
-
-def register_sinks(spark: SparkSession) -> None:
-    """Make ``df.writeStream.format("oncekit-postgres")`` (and the other sinks) known to ``spark``."""
-    from oncekit.sinks._spark import DATA_SOURCES
-
-    for source in DATA_SOURCES:
-        spark.dataSource.register(source)
+# Keyed by the session object itself (weakly): an id() would be reused by a later session
+# once the first is garbage-collected, and the new session would get a listener it never added.
+_listeners: weakref.WeakKeyDictionary[SparkSession, CheckpointListener] = weakref.WeakKeyDictionary()
+_listeners_lock = threading.Lock()
 
 
 def listener(spark: SparkSession) -> CheckpointListener:
     """The session's checkpoint listener, attached on first use."""
-    key = id(spark)
-    if key not in _listeners:
-        _listeners[key] = CheckpointListener()
-        spark.streams.addListener(_listeners[key])
-    return _listeners[key]
+    with _listeners_lock:
+        found = _listeners.get(spark)
+        if found is None:
+            found = _listeners[spark] = CheckpointListener()
+            spark.streams.addListener(found)
+        return found
 
 
 class OncekitQuery:
@@ -100,7 +98,7 @@ class OncekitQuery:
 
     def complete(self) -> list[int]:
         """Commit every journaled checkpoint that Spark logged as committed."""
-        return CheckpointEngine(self.sink.build(self.checkpoint), self.checkpoint).complete()
+        return CheckpointEngine.of(self.sink, self.checkpoint).complete()
 
     def stop(self) -> None:
         self.query.stop()
@@ -132,7 +130,7 @@ def start_query(
     completion then reaches the sink when the next batch starts.
     """
     spark = frame.sparkSession
-    register_sinks(spark)
+    spark.dataSource.register(sink.data_source())
     if "://" not in checkpoint and not checkpoint.startswith("file:"):
         checkpoint = os.path.abspath(checkpoint)
     writer = (frame.writeStream.format(sink.format_name).options(**sink.to_options())

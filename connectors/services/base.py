@@ -1,4 +1,4 @@
-"""The contract every service backend keeps, and the helpers that keep secrets out of text.
+"""The contract every service backend keeps, and the waiting and port helpers they share.
 
 A backend (containers, local processes, external) hands out one :class:`KafkaService` and one
 :class:`PostgresService`. Tests and the CLI talk only to these handles: they never know whether
@@ -7,33 +7,18 @@ a broker is a container, a local JVM or the user's own cluster.
 
 from __future__ import annotations
 
-import re
 import socket
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from oncekit.connectors.kafka import check_broker
+from oncekit.connectors.postgres import check_server
+from oncekit.connectors.redact import redact_dsn
 from oncekit.core.errors import ServiceError
-
-REDACTED = "***"
-
-# Client settings whose value is a secret, in librdkafka's and psycopg's vocabularies.
-_SECRET_KEY = re.compile(r"password|secret|jaas|token|sasl\.oauthbearer\.config|ssl\.key\.pem", re.I)
-_DSN_URL_PASSWORD = re.compile(r"(://[^:/@\s]*:)([^@\s]*)(@)")
-_DSN_KV_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.I)
-
-
-def redact_config(config: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy of a client configuration with every secret value replaced, for logs and reprs."""
-    return {key: (REDACTED if _SECRET_KEY.search(key) else value) for key, value in config.items()}
-
-
-def redact_dsn(dsn: str) -> str:
-    """A PostgreSQL connection string (URL or key=value form) with its password replaced."""
-    return _DSN_KV_PASSWORD.sub(rf"\g<1>{REDACTED}", _DSN_URL_PASSWORD.sub(rf"\g<1>{REDACTED}\g<3>", dsn))
 
 
 def free_port() -> int:
@@ -112,8 +97,6 @@ class KafkaService(Service):
         return f"{type(self).__name__}(bootstrap_servers={self.bootstrap_servers!r})"
 
     def wait_ready(self, timeout_s: float = 120.0) -> None:
-        from oncekit.connectors.kafka import check_broker
-
         wait_until(lambda: check_broker(self.bootstrap_servers), timeout_s, f"kafka at {self.bootstrap_servers}")
 
 
@@ -125,8 +108,6 @@ class PostgresService(Service):
         return f"{type(self).__name__}(dsn={redact_dsn(self.dsn)!r})"
 
     def wait_ready(self, timeout_s: float = 120.0) -> None:
-        from oncekit.connectors.postgres import check_server
-
         wait_until(lambda: check_server(self.dsn), timeout_s, f"postgres at {redact_dsn(self.dsn)}")
 
 

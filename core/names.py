@@ -1,0 +1,93 @@
+"""The names oncekit gives to things outside its own process, each formatted and parsed here only.
+
+Like psycopg's ``Xid``, each is a frozen value object: ``str(name)`` is what the target sees,
+``parse`` reads it back (None for a name oncekit did not make). Whoever needs one of these names
+builds it from these classes; nobody else writes ``"oncekit:"`` or ``"oncekit-"``.
+
+- :class:`TransactionId`: a PostgreSQL prepared transaction's global id,
+  ``oncekit:<sink>:<batch>:<partition>:<attempt>``.
+- :class:`KafkaTransactionalId`: a Kafka producer's ``transactional.id``, stable per sink and
+  writer (a partition, or the write-ahead log's publisher) so that a new producer fences a zombie.
+- :class:`MarkerGroup`: the consumer group whose committed offset records a Kafka sink's last
+  published batch (offset = batch id + 1).
+- :class:`StagedFile`: a write-ahead-log file, relative to the sink's staging folder.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_TRANSACTION_ID = re.compile(r"oncekit:(?P<sink>[A-Za-z0-9_.-]+):(?P<batch>\d+):(?P<partition>\d+):(?P<attempt>\d+)")
+_STAGED_FILE = re.compile(r"(?P<batch>\d+)/(?P<partition>\d+)-(?P<attempt>\d+)\.arrow")
+
+
+@dataclass(frozen=True)
+class TransactionId:
+    """A prepared transaction's global id: deterministic per (sink, batch, partition, attempt)."""
+
+    PREFIX = "oncekit:"
+
+    sink_id: str
+    batch_id: int
+    partition_id: int
+    attempt: int
+
+    def __str__(self) -> str:
+        return f"{self.PREFIX}{self.sink_id}:{self.batch_id}:{self.partition_id}:{self.attempt}"
+
+    @classmethod
+    def sink_prefix(cls, sink_id: str) -> str:
+        """What every id of ``sink_id`` starts with (to list a sink's prepared transactions)."""
+        return f"{cls.PREFIX}{sink_id}:"
+
+    @classmethod
+    def parse(cls, text: str) -> TransactionId | None:
+        match = _TRANSACTION_ID.fullmatch(text)
+        if match is None:
+            return None
+        return cls(match["sink"], int(match["batch"]), int(match["partition"]), int(match["attempt"]))
+
+
+@dataclass(frozen=True)
+class KafkaTransactionalId:
+    """``oncekit-<sink>-<partition>`` for a task's producer, ``oncekit-<sink>-publisher`` for the
+    write-ahead log's."""
+
+    sink_id: str
+    partition_id: int | None = None
+
+    def __str__(self) -> str:
+        return f"oncekit-{self.sink_id}-{'publisher' if self.partition_id is None else self.partition_id}"
+
+
+@dataclass(frozen=True)
+class MarkerGroup:
+    """``oncekit-<sink>-<partition>`` (transactional: one marker per writing partition) or
+    ``oncekit-<sink>`` (write-ahead log: one marker per sink)."""
+
+    sink_id: str
+    partition_id: int | None = None
+
+    def __str__(self) -> str:
+        return f"oncekit-{self.sink_id}" + ("" if self.partition_id is None else f"-{self.partition_id}")
+
+
+@dataclass(frozen=True)
+class StagedFile:
+    """``<batch>/<partition>-<attempt>.arrow``, relative to a sink's staging folder, so that a
+    checkpoint (and a savepoint of it) can move."""
+
+    batch_id: int
+    partition_id: int
+    attempt: int
+
+    def __str__(self) -> str:
+        return f"{self.batch_id}/{self.partition_id}-{self.attempt}.arrow"
+
+    @classmethod
+    def parse(cls, text: str) -> StagedFile | None:
+        match = _STAGED_FILE.fullmatch(text)
+        if match is None:
+            return None
+        return cls(int(match["batch"]), int(match["partition"]), int(match["attempt"]))

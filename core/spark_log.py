@@ -1,0 +1,80 @@
+"""Spark's own logs under a query's checkpoint, read back: ``commits/`` and ``offsets/``.
+
+The only reader of them in oncekit. It goes through :mod:`oncekit.core.storage`, so it works for
+local, HDFS and S3 checkpoints from any process (driver worker, listener, CLI, test harness).
+Completion is never guessed: a batch is complete exactly when Spark has written
+``<checkpoint>/commits/<batch>``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from oncekit.core.storage import filesystem, list_names, read_bytes
+
+
+def batch_ids(names: Iterable[str], suffix: str = "") -> set[int]:
+    """The batch ids among file names ``<batch><suffix>`` (others, such as temporary files, are skipped)."""
+    out = set()
+    for name in names:
+        if suffix:
+            if not name.endswith(suffix):
+                continue
+            name = name[: -len(suffix)]
+        if name.isdigit():
+            out.add(int(name))
+    return out
+
+
+class SparkLog:
+    """Read-only view of one query's offset and commit logs."""
+
+    def __init__(self, checkpoint: str) -> None:
+        self.fs, self.root = filesystem(checkpoint)
+
+    def completed(self) -> set[int]:
+        """Batch ids whose commit Spark has logged: their checkpoint is complete."""
+        return batch_ids(list_names(self.fs, f"{self.root}/commits"))
+
+    def planned(self) -> set[int]:
+        """Batch ids in the offset log (planned; maybe running, maybe complete)."""
+        return batch_ids(list_names(self.fs, f"{self.root}/offsets"))
+
+    def latest_completed(self) -> int | None:
+        completed = self.completed()
+        return max(completed) if completed else None
+
+    def latest_planned(self) -> int | None:
+        planned = self.planned()
+        return max(planned) if planned else None
+
+    def exists(self) -> bool:
+        """Whether Spark has started this checkpoint (its offset log exists)."""
+        return bool(list_names(self.fs, f"{self.root}/offsets"))
+
+    def source_offsets(self, batch_id: int) -> list[Any]:
+        """The end offsets of every source for ``batch_id``, as the sources wrote them (a dict for
+        oncekit's Kafka source, ``None`` for a source without offsets)."""
+        lines = read_bytes(self.fs, f"{self.root}/offsets/{batch_id}").decode().splitlines()
+        out: list[Any] = []
+        for line in lines[2:]:  # version, batch metadata, then one offset per source
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                out.append(None)
+        return out
+
+    def records_read(self) -> int:
+        """Offsets consumed by the committed batches, summed over every source partition (the
+        end offsets of the latest completed batch); 0 before the first."""
+        latest = self.latest_completed()
+        if latest is None:
+            return 0
+        return sum(
+            int(offset)
+            for offsets in self.source_offsets(latest) if isinstance(offsets, dict)
+            for partitions in offsets.values() if isinstance(partitions, dict)
+            for offset in partitions.values()
+        )

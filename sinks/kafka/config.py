@@ -1,0 +1,90 @@
+"""The Kafka sink's configuration and its typed builder, :func:`kafka_sink`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from oncekit.connectors.kafka import KafkaConfig
+from oncekit.connectors.redact import redact_config
+from oncekit.core.errors import ConfigError
+from oncekit.core.protocol import Sink, SinkConfig
+from oncekit.sinks.kafka._common import DEFAULT_TRANSACTION_TIMEOUT_MS, FORMAT
+from oncekit.sinks.kafka.at_least_once import KafkaAtLeastOnceSink
+from oncekit.sinks.kafka.transactional import KafkaTransactionalSink
+from oncekit.sinks.kafka.write_ahead_log import KafkaWriteAheadSink
+
+PROTOCOLS = ("transactional", "write-ahead-log", "at-least-once")
+
+
+@dataclass(frozen=True)
+class KafkaSinkConfig(SinkConfig):
+    """A Kafka sink. ``client`` holds librdkafka settings (security, SASL); secrets never reach
+    ``repr`` or error text. ``partitions`` is used when the topic must be created."""
+
+    format_name: ClassVar[str] = FORMAT
+
+    bootstrap_servers: str
+    topic: str
+    protocol: str = "transactional"
+    sink_id: str = ""
+    client: Mapping[str, str] = field(default_factory=dict)
+    partitions: int = 2
+    transaction_timeout_ms: int = DEFAULT_TRANSACTION_TIMEOUT_MS
+    dead_letter_topic: str | None = None
+    columns: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        self._check_common(PROTOCOLS, self.topic, f"kafka-{self.topic}")
+        if self.columns and "value" not in self.columns:
+            raise ConfigError(f"{FORMAT} sink {self.sink_id}: the stream needs a value column; it has {', '.join(self.columns)}")
+
+    def __repr__(self) -> str:
+        return (f"KafkaSinkConfig(bootstrap_servers={self.bootstrap_servers!r}, topic={self.topic!r}, "
+                f"protocol={self.protocol!r}, sink_id={self.sink_id!r}, client={redact_config(self.client)!r})")
+
+    @property
+    def kafka(self) -> KafkaConfig:
+        return KafkaConfig(self.bootstrap_servers, dict(self.client))
+
+    def to_options(self) -> dict[str, str]:
+        options = {"kafka.bootstrap.servers": self.bootstrap_servers, "topic": self.topic, "protocol": self.protocol,
+                   "sinkid": self.sink_id, "partitions": str(self.partitions),
+                   "transactiontimeoutms": str(self.transaction_timeout_ms)}
+        options.update({f"kafka.{k}": v for k, v in self.client.items()})
+        if self.dead_letter_topic:
+            options["deadlettertopic"] = self.dead_letter_topic
+        return options
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str], columns: tuple[str, ...]) -> KafkaSinkConfig:
+        lowered = {k.lower(): v for k, v in options.items()}
+        client = {k[len("kafka."):]: v for k, v in lowered.items() if k.startswith("kafka.")}
+        bootstrap = client.pop("bootstrap.servers", "")
+        if not bootstrap:
+            raise ConfigError(f"{FORMAT}: option kafka.bootstrap.servers is required")
+        return cls(
+            bootstrap_servers=bootstrap, topic=lowered.get("topic", ""), protocol=lowered.get("protocol", "transactional"),
+            sink_id=lowered.get("sinkid", ""), client=client, partitions=int(lowered.get("partitions", "2")),
+            transaction_timeout_ms=int(lowered.get("transactiontimeoutms", DEFAULT_TRANSACTION_TIMEOUT_MS)),
+            dead_letter_topic=lowered.get("deadlettertopic") or None, columns=columns,
+        )
+
+    @classmethod
+    def data_source(cls) -> type:
+        from oncekit.sinks._spark import KafkaSinkDataSource
+
+        return KafkaSinkDataSource
+
+    def build(self, checkpoint: str) -> Sink:
+        if self.protocol == "transactional":
+            return KafkaTransactionalSink(self)
+        if self.protocol == "write-ahead-log":
+            return KafkaWriteAheadSink(self, checkpoint)
+        return KafkaAtLeastOnceSink(self)
+
+
+def kafka_sink(bootstrap_servers: str, topic: str, protocol: str = "transactional", **options: Any) -> KafkaSinkConfig:
+    """The typed builder: ``kafka_sink("broker:9092", "balances", "transactional")``."""
+    return KafkaSinkConfig(bootstrap_servers=bootstrap_servers, topic=topic, protocol=protocol, **options)

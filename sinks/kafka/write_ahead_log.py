@@ -1,0 +1,59 @@
+"""The write-ahead-log Kafka sink: tasks stage rows under the checkpoint; once the checkpoint is
+complete, one transaction publishes the batch with its marker (one marker group per sink), so
+output is visible only after the checkpoint, as with Flink."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from confluent_kafka import KafkaException
+
+from oncekit.core.errors import OncekitError
+from oncekit.core.names import KafkaTransactionalId, MarkerGroup
+from oncekit.core.protocol import CommitOutcome, Committable, WriteAheadSink
+from oncekit.core.staging import StagedFiles
+from oncekit.sinks.kafka._common import FORMAT, KafkaSinkBase, Records
+
+if TYPE_CHECKING:
+    from oncekit.sinks.kafka.config import KafkaSinkConfig
+
+
+class KafkaWriteAheadSink(KafkaSinkBase, WriteAheadSink):
+    """Tasks stage; the checkpoint-complete notification publishes the batch in one transaction."""
+
+    def __init__(self, config: KafkaSinkConfig, checkpoint: str) -> None:
+        super().__init__(config)
+        self.staged = StagedFiles(checkpoint, config.sink_id)
+
+    def send_values(self, batch_id: int, committables: Sequence[Committable]) -> CommitOutcome:
+        where = f"{FORMAT} sink {self.sink_id} batch {batch_id}"
+        group = MarkerGroup(self.sink_id)
+        if self.marker(group)[0] > batch_id:
+            return CommitOutcome.ALREADY_COMMITTED
+        keys: list[bytes | None] = []
+        values: list[bytes | None] = []
+        for committable, batches in self.staged_batches(batch_id, committables):
+            part = Records.from_batches(batches, f"{where} partition {committable.partition_id}")
+            keys.extend(part.keys)
+            values.extend(part.values)
+        try:
+            producer = self.transactional_producer(KafkaTransactionalId(self.sink_id))
+            if self.marker(group)[0] > batch_id:  # published while this producer was starting
+                return CommitOutcome.ALREADY_COMMITTED
+            self.publish(producer, Records(keys, values), group, batch_id, where)
+        except (KafkaException, OncekitError):
+            # Two notifications for one batch fence each other; the one that wins publishes it.
+            if self._wait_for_marker(group, batch_id):
+                return CommitOutcome.ALREADY_COMMITTED
+            raise
+        return CommitOutcome.COMMITTED
+
+    def _wait_for_marker(self, group: MarkerGroup, batch_id: int, timeout_s: float = 60.0) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.marker(group)[0] > batch_id:
+                return True
+            time.sleep(1.0)
+        return False

@@ -1,0 +1,101 @@
+"""The PostgreSQL sink's configuration and its typed builder, :func:`postgres_sink`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from oncekit.connectors.redact import redact_dsn
+from oncekit.core.errors import ConfigError
+from oncekit.core.protocol import Sink, SinkConfig
+from oncekit.sinks.postgres._common import FORMAT
+from oncekit.sinks.postgres.at_least_once import PostgresAtLeastOnceSink
+from oncekit.sinks.postgres.idempotent import PostgresIdempotentSink
+from oncekit.sinks.postgres.two_phase_commit import PostgresTwoPhaseCommitSink
+from oncekit.sinks.postgres.write_ahead_log import PostgresWriteAheadSink
+
+PROTOCOLS = ("two-phase-commit", "write-ahead-log", "idempotent", "at-least-once")
+
+
+@dataclass(frozen=True)
+class PostgresSinkConfig(SinkConfig):
+    """A PostgreSQL sink. ``protocol`` picks the commit protocol:
+
+    - ``two-phase-commit``: tasks PREPARE a transaction per partition; the driver COMMITs PREPARED
+      once the checkpoint completes. Needs ``max_prepared_transactions`` > 0 on the server.
+    - ``write-ahead-log``: tasks stage rows under the checkpoint; once it completes, one
+      transaction writes them and records (sink, batch) in ``oncekit_checkpoints``.
+    - ``idempotent``: tasks upsert by ``key_columns`` and commit at once.
+    - ``at-least-once``: tasks append and commit at once; a replay duplicates rows.
+
+    ``key_columns`` turn appends into merges: ``on_conflict="update"`` (upsert; the last row of
+    a batch wins for a key) or ``"nothing"`` (append with a dedup key).
+    """
+    format_name: ClassVar[str] = FORMAT
+
+    dsn: str = field(repr=False)
+    table: str
+    protocol: str = "two-phase-commit"
+    sink_id: str = ""
+    key_columns: tuple[str, ...] = ()
+    on_conflict: str = "update"
+    dead_letter_table: str | None = None
+    columns: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        self._check_common(PROTOCOLS, self.table, f"pg-{self.table}")
+        if self.on_conflict not in ("update", "nothing"):
+            raise ConfigError(f"{FORMAT}: on_conflict must be 'update' or 'nothing', got {self.on_conflict!r}")
+        if self.protocol == "idempotent" and not self.key_columns:
+            raise ConfigError(f"{FORMAT} sink {self.sink_id}: the idempotent protocol needs key_columns")
+
+    def __repr__(self) -> str:
+        return (f"PostgresSinkConfig(dsn={redact_dsn(self.dsn)!r}, table={self.table!r}, protocol={self.protocol!r}, "
+                f"sink_id={self.sink_id!r}, key_columns={self.key_columns!r})")
+
+    def to_options(self) -> dict[str, str]:
+        options = {"dsn": self.dsn, "table": self.table, "protocol": self.protocol, "sinkid": self.sink_id,
+                   "keycolumns": ",".join(self.key_columns), "onconflict": self.on_conflict}
+        if self.dead_letter_table:
+            options["deadlettertable"] = self.dead_letter_table
+        return options
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str], columns: tuple[str, ...]) -> PostgresSinkConfig:
+        get = {k.lower(): v for k, v in options.items()}.get
+        if not get("dsn"):
+            raise ConfigError(f"{FORMAT}: option dsn is required (a psycopg connection string)")
+        return cls(
+            dsn=get("dsn", ""),
+            table=get("table", ""),
+            protocol=get("protocol", "two-phase-commit"),
+            sink_id=get("sinkid", ""),
+            key_columns=tuple(c.strip() for c in get("keycolumns", "").split(",") if c.strip()),
+            on_conflict=get("onconflict", "update"),
+            dead_letter_table=get("deadlettertable") or None,
+            columns=columns,
+        )
+
+    @classmethod
+    def data_source(cls) -> type:
+        from oncekit.sinks._spark import PostgresDataSource
+
+        return PostgresDataSource
+
+    def build(self, checkpoint: str) -> Sink:
+        sink_type: Callable[[PostgresSinkConfig, str], Sink] = {
+            "two-phase-commit": PostgresTwoPhaseCommitSink,
+            "write-ahead-log": PostgresWriteAheadSink,
+            "idempotent": PostgresIdempotentSink,
+            "at-least-once": PostgresAtLeastOnceSink,
+        }[self.protocol]
+        return sink_type(self, checkpoint)
+
+
+def postgres_sink(dsn: str, table: str, protocol: str = "two-phase-commit", **options: Any) -> PostgresSinkConfig:
+    """The typed builder: ``postgres_sink(dsn, "balances", "two-phase-commit", key_columns=("account_id",))``."""
+    if "key_columns" in options:
+        options["key_columns"] = tuple(options["key_columns"])
+    return PostgresSinkConfig(dsn=dsn, table=table, protocol=protocol, **options)
+

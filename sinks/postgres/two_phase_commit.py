@@ -1,0 +1,151 @@
+"""PostgreSQL two-phase commit: tasks PREPARE a transaction per partition, the driver COMMITs
+PREPARED once the checkpoint completes. Needs ``max_prepared_transactions`` > 0 on the server."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+import pyarrow as pa
+from psycopg import sql
+
+from oncekit.connectors.postgres import prepared_transactions
+from oncekit.core.errors import CommitError, ConfigError
+from oncekit.core.names import TransactionId
+from oncekit.core.protocol import CommitOutcome, Committable, TaskInfo, TwoPhaseCommitSink
+from oncekit.sinks.postgres._common import FORMAT, MARKER_TABLE, PostgresSinkBase, TableWriter, identifier, in_schema_of
+
+logger = logging.getLogger(__name__)
+
+
+class PostgresTwoPhaseCommitSink(PostgresSinkBase, TwoPhaseCommitSink["_PreparedTransaction"]):
+    """Tasks prepare, the driver commits prepared. A marker row in each prepared transaction tells
+    "committed" from "rolled back" once the id has left ``pg_prepared_xacts``."""
+
+    def preflight(self) -> None:
+        with self.connect(autocommit=True) as conn:
+            row = conn.execute("SHOW max_prepared_transactions").fetchone()
+            if row is None or int(row[0]) == 0:
+                raise ConfigError(f"{FORMAT} sink {self.sink_id}: the server has max_prepared_transactions = 0; "
+                                  "set it above the number of partitions times two (postgres -c max_prepared_transactions=64) and restart it")
+        super().preflight()
+
+    def _create_tables(self, conn: psycopg.Connection[Any]) -> None:
+
+        super()._create_tables(conn)
+        conn.execute(sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {} (transaction_id text PRIMARY KEY, sink_id text NOT NULL, batch_id bigint NOT NULL, "
+            "partition_id int NOT NULL, attempt int NOT NULL, rows bigint NOT NULL, prepared_at timestamptz NOT NULL DEFAULT now())"
+        ).format(identifier(in_schema_of(self.config.table, MARKER_TABLE))))
+
+    def begin_transaction(self, task: TaskInfo) -> _PreparedTransaction:
+        conn = self.connect(autocommit=True)
+        stale = [c for c in self.leftovers([task.batch_id], conn) if c.partition_id == task.partition_id]
+        for committable in stale:  # an earlier attempt or run; Spark re-runs the batch, so it never completed
+            logger.info("sink %s batch %s partition %s txn %s: aborting stale attempt", self.sink_id,
+                        task.batch_id, task.partition_id, committable.transaction_id)
+            self._rollback_prepared(conn, committable.name)
+        conn.autocommit = False
+        conn.tpc_begin(task.transaction_id)
+        staging = self.staging_table(task)
+        if staging:
+            self.create_staging(conn, staging, temporary=False)  # PREPARE refuses temporary tables
+        logger.info("sink %s batch %s partition %s txn %s: begin", self.sink_id, task.batch_id, task.partition_id,
+                    task.transaction_id)
+        return _PreparedTransaction(task, conn, TableWriter(self, conn, task, staging))
+
+    def write(self, transaction: _PreparedTransaction, batch: pa.RecordBatch) -> None:
+        transaction.writer.write(batch)
+
+    def pre_commit(self, transaction: _PreparedTransaction) -> Committable:
+
+        task, conn = transaction.task, transaction.conn
+        if transaction.writer.staging:
+            conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(transaction.writer.staging)))
+        rows = transaction.writer.rows
+        conn.execute(
+            sql.SQL("INSERT INTO {} (transaction_id, sink_id, batch_id, partition_id, attempt, rows) "
+                    "VALUES (%s, %s, %s, %s, %s, %s)").format(identifier(in_schema_of(self.config.table, MARKER_TABLE))),
+            (task.transaction_id, task.sink_id, task.batch_id, task.partition_id, task.attempt, rows),
+        )
+        conn.tpc_prepare()
+        conn.close()
+        logger.info("sink %s batch %s partition %s txn %s: prepared %s rows", self.sink_id, task.batch_id,
+                    task.partition_id, task.transaction_id, rows)
+        return Committable(task.sink_id, task.batch_id, task.partition_id, task.attempt, rows,
+                           transaction_id=task.transaction_id)
+
+    def abort_open(self, transaction: _PreparedTransaction) -> None:
+        try:
+            transaction.conn.tpc_rollback()
+        finally:
+            transaction.conn.close()
+
+    def commit(self, committable: Committable) -> CommitOutcome:
+        with self.connect(autocommit=True) as conn:
+            if self._finish_prepared(conn, committable.name, commit=True):
+                return CommitOutcome.COMMITTED
+            if self._marker_visible(conn, committable.name):
+                return CommitOutcome.ALREADY_COMMITTED
+        raise CommitError(
+            f"{FORMAT} sink {self.sink_id} batch {committable.batch_id} partition {committable.partition_id}: "
+            f"prepared transaction {committable.transaction_id} is gone and its marker is not visible: "
+            "it was rolled back, so the checkpoint's output for this partition is lost"
+        )
+
+    def abort(self, committable: Committable) -> CommitOutcome:
+        with self.connect(autocommit=True) as conn:
+            return self._rollback_prepared(conn, committable.name)
+
+    def _rollback_prepared(self, conn: psycopg.Connection[Any], transaction_id: str) -> CommitOutcome:
+        if self._finish_prepared(conn, transaction_id, commit=False):
+            return CommitOutcome.ABORTED
+        if self._marker_visible(conn, transaction_id):
+            raise CommitError(f"{FORMAT} sink {self.sink_id}: transaction {transaction_id} was to be aborted "
+                              "but is committed")
+        return CommitOutcome.ALREADY_ABORTED
+
+    def _finish_prepared(self, conn: psycopg.Connection[Any], transaction_id: str, commit: bool) -> bool:
+        """COMMIT or ROLLBACK PREPARED; False when the id is gone. The listener, the driver's
+        recovery and tasks may finish the same transaction at once: the loser sees it "busy"
+        (SQLSTATE 55000) and retries until it is gone."""
+        for _ in range(100):
+            try:
+                (conn.tpc_commit if commit else conn.tpc_rollback)(transaction_id)
+                return True
+            except psycopg.errors.UndefinedObject:
+                return False
+            except (psycopg.errors.ObjectNotInPrerequisiteState, psycopg.errors.ObjectInUse):
+                time.sleep(0.1)
+        raise CommitError(f"{FORMAT} sink {self.sink_id}: prepared transaction {transaction_id} stayed busy for 10 s")
+
+    def _marker_visible(self, conn: psycopg.Connection[Any], transaction_id: str) -> bool:
+
+        row = conn.execute(sql.SQL("SELECT 1 FROM {} WHERE transaction_id = %s").format(
+            identifier(in_schema_of(self.config.table, MARKER_TABLE))), (transaction_id,)).fetchone()
+        return row is not None
+
+    def leftovers(self, batch_ids: Iterable[int] | None = None, conn: psycopg.Connection[Any] | None = None) -> list[Committable]:
+        """Prepared transactions of this sink in this database (``pg_prepared_xacts``)."""
+        wanted = None if batch_ids is None else set(batch_ids)
+        own = conn is None
+        conn = conn or self.connect(autocommit=True)
+        try:
+            found = prepared_transactions(conn, TransactionId.sink_prefix(self.sink_id))
+        finally:
+            if own:
+                conn.close()
+        ids = [(gid, TransactionId.parse(gid)) for gid in found]
+        return [Committable(self.sink_id, t.batch_id, t.partition_id, t.attempt, 0, transaction_id=gid)
+                for gid, t in ids if t is not None and t.sink_id == self.sink_id and (wanted is None or t.batch_id in wanted)]
+
+
+@dataclass
+class _PreparedTransaction:
+    task: TaskInfo
+    conn: Any
+    writer: TableWriter
