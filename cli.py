@@ -1,5 +1,9 @@
 """The ``oncekit`` command line: ``services up|down|status``, ``demo``, ``produce``, ``verify``,
-``pipeline run``, ``savepoint create|list|restore|delete`` and ``doctor``."""
+``pipeline run``, ``savepoint create|list|restore|delete`` and ``doctor``.
+
+The reference pipeline's commands (``demo``, ``produce``, ``pipeline``, ``savepoint``) and ``doctor``
+parse their flags here and make one call into :mod:`oncekit.reference` or :mod:`oncekit.doctor`.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ import logging
 import sys
 from typing import Any
 
-from oncekit.connectors.base import redact_dsn
+from oncekit.connectors.redact import redact_dsn
 from oncekit.connectors.services import BACKENDS
 from oncekit.core.errors import OncekitError
 
@@ -45,14 +49,14 @@ def _services(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from oncekit import demo
+    from oncekit.reference import demo
 
     return demo.main(args.backend, args.records, args.config, args.seed, crash=not args.no_crash)
 
 
 def _verify(args: argparse.Namespace) -> int:
     from oncekit import verify
-    from oncekit.connectors import start_services
+    from oncekit.connectors.services import start_services
 
     def progress(done: int, total: int, result: verify.FaultResult) -> None:
         bar = "#" * (20 * done // total)
@@ -77,136 +81,44 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _produce(args: argparse.Namespace) -> int:
-    import os
+    from oncekit.reference import commands
+    from oncekit.reference.generator import Workload
 
-    from oncekit.connectors import KafkaConfig
-    from oncekit.connectors.kafka import create_topic
-    from oncekit.connectors.services import load_state
-    from oncekit.generator import Workload, produce
-
-    bootstrap = args.bootstrap or os.environ.get("ONCEKIT_KAFKA_BOOTSTRAP")
-    if not bootstrap:
-        running = load_state()
-        if running is None:
-            print("oncekit produce: give --bootstrap, set ONCEKIT_KAFKA_BOOTSTRAP, or run 'oncekit services up'",
-                  file=sys.stderr)
-            return 1
-        bootstrap = running.kafka.bootstrap_servers
-    kafka = KafkaConfig(bootstrap)
-    create_topic(kafka, args.topic, partitions=args.partitions)
     workload = Workload(count=args.count, accounts=args.accounts, duplicates=args.duplicates, late=args.late,
                         malformed=args.malformed, seed=args.seed)
-    sent = produce(kafka, args.topic, workload, args.rate)
-    print(f"sent {sent} records to {args.topic} at {bootstrap} (seed {args.seed})")
-    return 0
+    return commands.produce(args.bootstrap, args.topic, args.partitions, workload, args.rate)
 
 
-def _pipeline_config(args: argparse.Namespace) -> Any:
-    """The pipeline config: packaged defaults, ``--config``, then flags; addresses fall back on
-    the services 'oncekit services up' started."""
-    from oncekit import config
-    from oncekit.connectors.services import load_state
-
-    loaded = config.load(getattr(args, "config", None), {
-        "services.kafka_bootstrap": getattr(args, "bootstrap", None),
-        "services.postgres_dsn": getattr(args, "dsn", None),
-        "pipeline.checkpoint": getattr(args, "checkpoint", None),
-    })
-    if not (loaded.kafka_bootstrap() and loaded.postgres_dsn()):
-        running = load_state()
-        if running is not None:
-            loaded = loaded.with_services(loaded.kafka_bootstrap() or running.kafka.bootstrap_servers,
-                                          loaded.postgres_dsn() or running.postgres.dsn)
-    return loaded
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The config flags as dotted config keys (flags not given are None, which keeps the file's)."""
+    return {"services.kafka_bootstrap": args.bootstrap, "services.postgres_dsn": args.dsn,
+            "pipeline.checkpoint": args.checkpoint}
 
 
 def _pipeline(args: argparse.Namespace) -> int:
-    import json
-    import os
-    from pathlib import Path
+    from oncekit.reference import commands
 
-    from oncekit.core.spark import spark_session
-    from oncekit.pipeline import ReferencePipeline
-
-    pipeline = ReferencePipeline(_pipeline_config(args))
-    spark = spark_session("oncekit-pipeline")
-    if args.from_savepoint:
-        restored = pipeline.restore(spark, args.from_savepoint)
-        print(f"restored savepoint {restored.name} into {pipeline.checkpoint}")
-    pipeline.prepare()
-    root = Path(pipeline.checkpoint)
-    root.mkdir(parents=True, exist_ok=True)
-    running, request = root / "_running", root / "_savepoint_request.json"
-    running.write_text(str(os.getpid()))
-    try:
-        restarts = pipeline.run_supervised(spark, should_stop=request.exists)
-        if request.exists():
-            wanted = json.loads(request.read_text())
-            saved = pipeline.savepoint(spark, wanted["into"], wanted["name"])
-            request.unlink()
-            print(f"stopped with savepoint {saved.name} at {saved.path}")
-    finally:
-        running.unlink(missing_ok=True)
-    print(f"pipeline finished ({restarts} restarts); checkpoints under {pipeline.checkpoint}")
-    return 0
+    return commands.run_pipeline(args.config, _overrides(args), args.from_savepoint)
 
 
 def _savepoint(args: argparse.Namespace) -> int:
-    import json
-    import time
-    from datetime import datetime, timezone
-    from pathlib import Path
+    from oncekit.reference import commands
 
-    from oncekit.core import savepoint
-
-    into = Path(args.dir)
-    if args.action == "list":
-        for found in savepoint.list_savepoints(into):
-            print(found.describe())
-        return 0
-    if args.action == "delete":
-        savepoint.delete(into / args.name)
-        print(f"deleted savepoint {args.name}")
-        return 0
-    from oncekit.core.spark import spark_session
-    from oncekit.pipeline import ReferencePipeline
-
-    pipeline = ReferencePipeline(_pipeline_config(args))
-    if args.action == "restore":
-        restored = pipeline.restore(spark_session("oncekit-savepoint"), str(into / args.name))
-        print(f"restored {restored.name} into {pipeline.checkpoint}; start it with: oncekit pipeline run "
-              f"--checkpoint {pipeline.checkpoint}")
-        return 0
-    name = args.name or datetime.now(timezone.utc).strftime("savepoint-%Y%m%dT%H%M%SZ")
-    root = Path(pipeline.checkpoint)
-    pid = (root / "_running").read_text().strip() if (root / "_running").exists() else ""
-    if pid.isdigit() and Path(f"/proc/{pid}").exists():  # a running pipeline stops itself with the savepoint
-        (root / "_savepoint_request.json").write_text(json.dumps({"into": str(into.absolute()), "name": name}))
-        deadline = time.monotonic() + args.timeout
-        while not (into / name / savepoint.METADATA).exists():
-            if time.monotonic() > deadline:
-                raise savepoint.SavepointError(f"the pipeline (pid {pid}) did not take savepoint {name} "
-                                               f"within {args.timeout} s")
-            time.sleep(0.5)
-        created = savepoint.load(into / name)
-    else:
-        created = savepoint.create(root, into, name, pipeline.fingerprints(spark_session("oncekit-savepoint")))
-    print(f"savepoint {created.name} at {created.path}: {created.describe()}")
-    return 0
+    return commands.savepoint(args.action, args.name, args.dir, args.timeout, args.config, _overrides(args))
 
 
 def _doctor(args: argparse.Namespace) -> int:
     from oncekit import doctor
 
-    checks = doctor.run(_pipeline_config(args))
-    print(doctor.table(checks))
-    failed = [c for c in checks if c.status == doctor.FAIL]
-    print(f"{len(checks)} checks: {len(failed)} failed" if failed else f"{len(checks)} checks passed")
-    return 1 if failed else 0
+    return doctor.main(args.config, _overrides(args))
 
 
 def _add_pipeline_commands(commands: Any) -> None:
-    """``pipeline run``, ``savepoint create|list|restore|delete`` and ``doctor``."""
+    """``pipeline run``, ``savepoint create|list|restore|delete`` and ``doctor``.
+
+The reference pipeline's commands (``demo``, ``produce``, ``pipeline``, ``savepoint``) and ``doctor``
+parse their flags here and make one call into :mod:`oncekit.reference` or :mod:`oncekit.doctor`.
+"""
     def config_flags(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--config", help="pipeline config file (TOML); flags override it")
         parser.add_argument("--bootstrap", help="Kafka bootstrap servers")

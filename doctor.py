@@ -13,16 +13,15 @@ import importlib.util
 import re
 import shutil
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from oncekit.config import PipelineConfig
-from oncekit.connectors.base import redact_dsn
+from oncekit.connectors.redact import redact_dsn
 from oncekit.core.errors import OncekitError
+from oncekit.reference.config import PipelineConfig, load_with_services
 
 OK, WARN, FAIL = "ok", "warn", "fail"
-
 
 
 @dataclass(frozen=True)
@@ -182,3 +181,14 @@ def table(checks: list[Check]) -> str:
         if check.fix:
             lines.append(f"{'':<4}  {'':<{width}}  fix: {check.fix}")
     return "\n".join(lines)
+
+
+def main(config_path: str | None = None, overrides: Mapping[str, Any] | None = None) -> int:
+    """``oncekit doctor``: run the checks against the pipeline config (``config_path`` and
+    ``overrides``, see :func:`oncekit.reference.config.load_with_services`), print them and
+    return 1 if any failed."""
+    checks = run(load_with_services(config_path, overrides))
+    print(table(checks))
+    failed = [c for c in checks if c.status == FAIL]
+    print(f"{len(checks)} checks: {len(failed)} failed" if failed else f"{len(checks)} checks passed")
+    return 1 if failed else 0

@@ -14,6 +14,7 @@ that a restore re-runs it as a restart would; journal entries of such a batch ar
 since what they name (prepared transactions, staged files) belongs to the original location.
 :func:`restore` refuses, with :class:`SavepointError`, a savepoint whose queries, sink ids or
 fingerprints differ from the pipeline's, and never writes into a checkpoint location in use.
+A running pipeline is asked to stop with a savepoint through :mod:`oncekit.core.savepoint_stop`.
 """
 
 from __future__ import annotations
@@ -28,17 +29,17 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from oncekit.core.errors import OncekitError
+from oncekit.core.errors import SavepointError
+from oncekit.core.journal import Journal
+from oncekit.core.spark_log import SparkLog
+
+__all__ = ["METADATA", "SavedQuery", "Savepoint", "SavepointError", "check_compatible", "create", "delete",
+           "list_savepoints", "load", "restore"]
 
 logger = logging.getLogger(__name__)
 
 METADATA = "savepoint.json"
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
-
-
-class SavepointError(OncekitError):
-    """A savepoint cannot be created, found, restored or deleted; the message says why and
-    what to do."""
 
 
 @dataclass(frozen=True)
@@ -78,16 +79,6 @@ def _versions() -> dict[str, str]:
     return found
 
 
-def _batches(folder: Path) -> set[int]:
-    return {int(p.name) for p in folder.iterdir() if p.name.isdigit()} if folder.is_dir() else set()
-
-
-def last_committed(checkpoint: str | Path) -> int | None:
-    """The newest batch in Spark's commit log of ``checkpoint``."""
-    committed = _batches(Path(checkpoint) / "commits")
-    return max(committed) if committed else None
-
-
 def create(checkpoint_root: str | Path, into: str | Path, name: str,
            queries: Mapping[str, Mapping[str, str]]) -> Savepoint:
     """Copy ``<checkpoint_root>/<query>`` of every query in ``queries`` (name -> ``sink_id`` and
@@ -103,12 +94,13 @@ def create(checkpoint_root: str | Path, into: str | Path, name: str,
         source = Path(checkpoint_root) / query
         if not (source / "offsets").is_dir():
             raise SavepointError(f"query {query} has no checkpoint at {source}; run the pipeline before a savepoint")
-        saved.append(SavedQuery(query, identity["sink_id"], identity["fingerprint"], last_committed(source)))
+        latest = SparkLog(str(source.absolute())).latest_completed()
+        saved.append(SavedQuery(query, identity["sink_id"], identity["fingerprint"], latest))
     staging = Path(into) / f".{name}.partial"
     shutil.rmtree(staging, ignore_errors=True)
-    for query in queries:
+    for query, identity in queries.items():
         shutil.copytree(Path(checkpoint_root) / query, staging / query)
-        _drop_uncommitted_journal(staging / query)
+        _drop_uncommitted_journal(staging / query, identity["sink_id"])
     savepoint = Savepoint(name, str(target.absolute()), datetime.now(timezone.utc).isoformat(timespec="seconds"),
                           tuple(saved), _versions())
     payload = {**asdict(savepoint), "queries": [asdict(q) for q in saved]}
@@ -119,13 +111,13 @@ def create(checkpoint_root: str | Path, into: str | Path, name: str,
     return Savepoint(savepoint.name, str(target.absolute()), savepoint.created_at, savepoint.queries, savepoint.versions)
 
 
-def _drop_uncommitted_journal(checkpoint: Path) -> None:
-    committed = _batches(checkpoint / "commits")
-    for journal in (checkpoint / "oncekit").glob("*/journal"):
-        for entry in journal.iterdir():
-            batch = entry.name.split(".", 1)[0]
-            if batch.isdigit() and int(batch) not in committed:
-                entry.unlink()
+def _drop_uncommitted_journal(checkpoint: Path, sink_id: str) -> None:
+    location = str(checkpoint.absolute())
+    committed = SparkLog(location).completed()
+    journal = Journal(location, sink_id)
+    journaled, done = journal.entries()
+    for batch_id in sorted((journaled | done) - committed):
+        journal.delete(batch_id)
 
 
 def load(path: str | Path) -> Savepoint:

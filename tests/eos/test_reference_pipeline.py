@@ -12,13 +12,14 @@ from typing import Any
 
 import pytest
 
-from oncekit import config as pipeline_config
-from oncekit.config import PipelineConfig
 from oncekit.connectors import KafkaConfig, Services
 from oncekit.core.savepoint import SavepointError, list_savepoints
-from oncekit.demo import check, expected, observe
-from oncekit.generator import Workload, produce
-from oncekit.pipeline import ReferencePipeline
+from oncekit.reference import config as pipeline_config
+from oncekit.reference.config import PipelineConfig
+from oncekit.reference.demo import check, expected
+from oncekit.reference.generator import Workload, produce
+from oncekit.reference.outputs import observe
+from oncekit.reference.pipeline import ReferencePipeline
 
 pytestmark = [pytest.mark.services, pytest.mark.spark]
 

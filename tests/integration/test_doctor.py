@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from oncekit import doctor
-from oncekit.config import load
+from oncekit.reference.config import load
 from oncekit.connectors import Services
 
 pytestmark = pytest.mark.services

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from oncekit.core.errors import ConfigError
-from oncekit.generator import Workload, events
+from oncekit.reference.generator import Workload, events
 
 
 def test_events_reproducible_from_seed() -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from oncekit import config
+from oncekit.reference import config
 from oncekit.core.errors import ConfigError
 from oncekit.core.restart import ExponentialBackoff, FixedDelay
 

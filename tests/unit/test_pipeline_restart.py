@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from oncekit import config
+from oncekit.reference import config
 from oncekit.core.restart import RestartsExhaustedError
-from oncekit.pipeline import PipelineError, ReferencePipeline
+from oncekit.reference.pipeline import PipelineError, ReferencePipeline
 
 
 class FailingPipeline(ReferencePipeline):

@@ -2,9 +2,10 @@
 
 Starts Kafka and PostgreSQL (or uses the configured ones), creates topics and tables, produces a
 seeded payments workload (with upstream duplicates, late and malformed records), runs
-:class:`oncekit.pipeline.ReferencePipeline`, crashes it once mid-run with a crash point and lets
-the restart strategy bring it back from its checkpoints, prints progress while it runs, and ends
-with a report whose every line is checked against what the generator knows it sent:
+:class:`~oncekit.reference.pipeline.ReferencePipeline`, crashes it once mid-run with a crash point
+and lets the restart strategy bring it back from its checkpoints, prints progress while it runs,
+and ends with a report whose every line is checked against what the generator knows it sent
+(the outputs are read by :mod:`oncekit.reference.outputs`):
 
 - PostgreSQL balances: per account equal to the unique well-formed payments, so the sum of
   balances equals the sum of unique amounts, with zero duplicates and zero losses;
@@ -31,14 +32,19 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING
 
-from oncekit.config import PipelineConfig
-from oncekit.generator import Workload, events
+from oncekit.connectors.kafka import KafkaConfig
+from oncekit.connectors.services import start_services
+from oncekit.core import crash as crash_points
+from oncekit.core.spark.session import spark_session
+from oncekit.reference.config import PipelineConfig, load
+from oncekit.reference.generator import Workload, events, produce
+from oncekit.reference.outputs import Observed, observe, require_empty
+from oncekit.reference.pipeline import ReferencePipeline
 
 if TYPE_CHECKING:
-    from oncekit.core.query import OncekitQuery
-    from oncekit.pipeline import ReferencePipeline
+    from oncekit.core.spark.query import OncekitQuery
 
 logger = logging.getLogger(__name__)
 
@@ -98,72 +104,6 @@ def expected(workload: Workload | list[Workload], allowed_lateness_s: int) -> Ex
             out.totals[(account, minute)] = (total + amount, n + 1)
         clocks[account] = event_ms if clock is None else max(clock, event_ms)
     return out
-
-
-@dataclass
-class Observed:
-    """What the pipeline's outputs hold, read from PostgreSQL and a read_committed consumer."""
-
-    balances: dict[int, tuple[int, int]]
-    totals: dict[tuple[int, int], tuple[int, int]]
-    late: list[str]
-    dead_letters: int
-    dead_letter_reasons: Counter[str]
-    updates: list[tuple[int, int, int]]  # (account, events, balance) per Kafka record
-    prepared: int
-
-
-def read_committed(bootstrap: str, topic: str, idle_s: float = 3.0) -> list[bytes]:
-    """Every committed value in ``topic``: a read_committed consumer from the beginning until
-    nothing new arrives for ``idle_s``."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"oncekit-demo-check-{time.monotonic_ns()}",
-                         "isolation.level": "read_committed", "enable.auto.commit": False,
-                         "enable.partition.eof": False})
-    try:
-        partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
-        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
-        values: list[bytes] = []
-        quiet_since = time.monotonic()
-        while time.monotonic() - quiet_since < idle_s:
-            messages = consumer.consume(num_messages=10_000, timeout=0.5)
-            for message in messages:
-                value = message.value()
-                if message.error() is None and value is not None:
-                    values.append(value)
-            if messages:
-                quiet_since = time.monotonic()
-        return values
-    finally:
-        consumer.close()
-
-
-def observe(config: PipelineConfig) -> Observed:
-    """Read every output of the pipeline."""
-    from psycopg import sql
-
-    from oncekit.connectors.postgres import connect
-
-    tables = config.tables
-
-    def table(name: str) -> sql.Identifier:
-        return sql.Identifier(*name.split(".", 1))
-
-    with connect(config.postgres_dsn(), autocommit=True) as conn:
-        balances = {int(a): (int(b), int(n)) for a, b, n in conn.execute(
-            sql.SQL("SELECT account_id, balance_cents, events FROM {}").format(table(tables.balances)))}
-        totals = {(int(a), int(m.timestamp() * 1000)): (int(t), int(n)) for a, m, t, n in conn.execute(
-            sql.SQL("SELECT account_id, minute, total_cents, events FROM {}").format(table(tables.minute_totals)))}
-        late = [str(e) for (e,) in conn.execute(sql.SQL("SELECT event_id FROM {}").format(table(tables.late_events)))]
-        reasons = Counter(str(r) for (r,) in conn.execute(
-            sql.SQL("SELECT reason FROM {}").format(table(tables.dead_letters))))
-        row = conn.execute("SELECT count(*) FROM pg_prepared_xacts WHERE starts_with(gid, 'oncekit:')").fetchone()
-    updates = []
-    for value in read_committed(config.kafka_bootstrap(), config.topics.balance_updates):
-        update = json.loads(value)
-        updates.append((int(update["account_id"]), int(update["events"]), int(update["balance_cents"])))
-    return Observed(balances, totals, late, sum(reasons.values()), reasons, updates, int(row[0]) if row else 0)
 
 
 @dataclass
@@ -277,45 +217,13 @@ class _Progress:
             self.last_line = line
 
 
-def _require_empty(config: PipelineConfig) -> None:
-    """The report compares outputs with this run's workload alone: refuse topics or tables that
-    hold an earlier run's data (possible with ``--backend external``)."""
-    from confluent_kafka import Consumer, TopicPartition
-    from psycopg import sql
-
-    from oncekit.connectors.postgres import connect
-    from oncekit.core.errors import ConfigError
-
-    with connect(config.postgres_dsn(), autocommit=True) as conn:
-        for table in (config.tables.balances, config.tables.minute_totals, config.tables.late_events,
-                      config.tables.dead_letters):
-            if conn.execute(sql.SQL("SELECT 1 FROM {} LIMIT 1").format(sql.Identifier(*table.split(".", 1)))).fetchone():
-                raise ConfigError(f"demo: table {table} already holds rows; give the demo fresh names with --config "
-                                  "(tables, topics) or use services it starts itself")
-    consumer = Consumer({"bootstrap.servers": config.kafka_bootstrap(), "group.id": "oncekit-demo-check"})
-    try:
-        for topic in (config.topics.payments, config.topics.balance_updates):
-            partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
-            if any(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] > 0 for p in partitions):
-                raise ConfigError(f"demo: topic {topic} already holds records; give the demo fresh names with --config "
-                                  "(tables, topics) or use services it starts itself")
-    finally:
-        consumer.close()
-
-
 def run(config: PipelineConfig, workload: Workload, work_dir: Path, out: IO[str], crash: bool = True) -> Report:
     """Prepare, produce, run with one crash and restarts, check. Spark must not have started
     in this process yet when ``crash`` is set (the crash directory reaches workers through the
     environment)."""
-    from oncekit.connectors import KafkaConfig
-    from oncekit.core import crash as crash_points
-    from oncekit.core.spark import spark_session
-    from oncekit.generator import produce
-    from oncekit.pipeline import ReferencePipeline
-
     pipeline = ReferencePipeline(config, str(work_dir / "checkpoint"))
     pipeline.prepare()
-    _require_empty(config)
+    require_empty(config)
     started = time.monotonic()
     sent = produce(KafkaConfig(config.kafka_bootstrap()), config.topics.payments, workload)
     print(f"produced {sent:,} payment records to {config.topics.payments} in {time.monotonic() - started:.1f} s "
@@ -348,16 +256,12 @@ def run(config: PipelineConfig, workload: Workload, work_dir: Path, out: IO[str]
 def main(backend: str | None = None, records: int = 20_000, config_path: str | None = None, seed: int = 7,
          crash: bool = True) -> int:
     """``oncekit demo``: returns 0 when every line of the report is OK."""
-    from oncekit import config as pipeline_config
-    from oncekit.connectors import start_services
-    from oncekit.core.crash import CRASH_DIR_ENV
-
     # About four batches per query, so that the crash at batch 1 falls mid-run.
-    config = pipeline_config.load(config_path, {"services.backend": backend,
-                                                "pipeline.max_offsets_per_trigger": max(500, records // 4)})
+    config = load(config_path, {"services.backend": backend,
+                                "pipeline.max_offsets_per_trigger": max(500, records // 4)})
     work_dir = Path(tempfile.mkdtemp(prefix="oncekit-demo-"))
     # Python workers read the crash directory at import; they inherit it from this environment.
-    os.environ[CRASH_DIR_ENV] = str(work_dir / "crash")
+    os.environ[crash_points.CRASH_DIR_ENV] = str(work_dir / "crash")
     workload = Workload(count=records, accounts=50, duplicates=0.01, late=0.02, malformed=0.005, seed=seed)
     started = time.monotonic()
     services = start_services(config.services.backend)

@@ -7,26 +7,17 @@ the ``payments`` topic through the kit's source, each with its own checkpoint un
 
 - ``dead_letters``: records that are not a payment (not JSON, a field missing or of the wrong
   type) with the reason, into PostgreSQL (idempotent, keyed by Kafka partition and offset).
-- ``balances``: well-formed payments through :class:`PaymentProcessor` (transformWithState,
-  keyed by account), each account's running balance into PostgreSQL with two-phase commit.
+- ``balances``: well-formed payments through :class:`~oncekit.reference.processor.PaymentProcessor`
+  (transformWithState, keyed by account), each account's running balance into PostgreSQL with
+  two-phase commit.
 - ``balance_updates``: the same balance rows into a Kafka topic, with Kafka transactions.
 - ``minute_totals``: per account and event-time minute, the total of on-time payments into
   PostgreSQL (idempotent or write-ahead log, keyed by account and minute).
 - ``late_events``: the side output, payments older than the account's watermark.
 
-Why one processor keyed by account does dedup, balance and event time, rather than Spark's
-``dropDuplicates`` plus a windowed aggregation: the producer keys payments by account, so an
-account's events sit in one Kafka partition in a fixed order. The processor takes each batch's
-rows of an account in offset order, so which events are duplicates and which are late is a
-pure function of the log, the same whatever the batch boundaries and however often a batch is
-replayed. Spark's global watermark moves per batch, and its windowed aggregation drops late
-rows without a side output. Here the watermark is per account (newest event time seen minus
-``allowed_lateness_s``), like Flink's per-partition watermarks; a minute whose end is behind it
-is final and leaves the state. Seen event ids live in a MapState with a processing-time TTL
-(``dedup_ttl_s``); the balance and the account's clock in ValueStates.
-
-Balances count every unique well-formed payment, late ones included (money is money); only
-the per-minute totals leave late payments out, and the side output lists them.
+The stateful step and why it is one processor: :mod:`oncekit.reference.processor`. What the
+outputs and checkpoints hold is read back by :mod:`oncekit.reference.outputs`. Importing this
+module needs no Spark (the pipeline's configuration and restart strategy are tested without).
 """
 
 from __future__ import annotations
@@ -35,104 +26,36 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from oncekit.config import PipelineConfig
-from oncekit.core.errors import ConfigError, OncekitError
+from psycopg import sql
+
+from oncekit.connectors.kafka import KafkaConfig, create_topic
+from oncekit.connectors.postgres import connect
+from oncekit.core import savepoint as savepoints
+from oncekit.core.errors import ConfigError, PipelineError
+from oncekit.core.restart import supervise
+from oncekit.core.savepoint import Savepoint
+from oncekit.reference import outputs
+from oncekit.reference.config import PipelineConfig
+from oncekit.sinks.kafka import kafka_sink
+from oncekit.sinks.postgres import postgres_sink
+from oncekit.sources.kafka import kafka_stream
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-    from oncekit.core.query import OncekitQuery
-    from oncekit.core.savepoint import Savepoint
-    from oncekit.sinks.base import SinkConfig
+    from oncekit.core.protocol import SinkConfig
+    from oncekit.core.spark.query import OncekitQuery
+
+__all__ = ["QUERIES", "PipelineError", "QuerySpec", "ReferencePipeline"]
 
 logger = logging.getLogger(__name__)
 
-PROCESSOR_VERSION = 1
-"""Part of every query's fingerprint: bump it when the processor's state layout changes, so
-that restoring an old savepoint is refused instead of misreading state."""
-
 QUERIES = ("dead_letters", "balances", "balance_updates", "minute_totals", "late_events")
-
-PROCESSED_SCHEMA = (
-    "kind string, account_id bigint, balance_cents bigint, events bigint, minute_ms bigint, total_cents bigint, "
-    "event_id string, amount_cents bigint, event_ms bigint, watermark_ms bigint"
-)
-
-
-class PipelineError(OncekitError):
-    """A query of the pipeline failed; ``__cause__`` is Spark's error."""
-
-
-def _processor_type() -> type[Any]:
-    """The processor class, built on first use so that importing this module needs no Spark."""
-    from pyspark.sql import Row
-    from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle, TimerValues
-
-    class PaymentProcessor(StatefulProcessor):
-        """Keyed by account. Per batch, in Kafka offset order: drop event ids seen before
-        (MapState with TTL), add the rest to the balance (ValueState), and split them into
-        on-time (added to their minute's total, MapState) and late (older than the account's
-        watermark, emitted as ``late``). Emits one ``balance`` row per account and one ``total``
-        row per minute touched in the batch; minutes the watermark has passed are final and
-        evicted. Runs in Spark's Python workers; every decision depends only on the log order."""
-
-        def __init__(self, dedup_ttl_ms: int, allowed_lateness_ms: int) -> None:
-            self.dedup_ttl_ms, self.allowed_lateness_ms = dedup_ttl_ms, allowed_lateness_ms
-
-        def init(self, handle: StatefulProcessorHandle) -> None:
-            self.seen = handle.getMapState("seen", "event_id string", "seen boolean", self.dedup_ttl_ms)
-            self.balance = handle.getValueState("balance", "balance_cents bigint, events bigint")
-            self.clock = handle.getValueState("clock", "max_event_ms bigint")
-            self.minutes = handle.getMapState("minutes", "minute_ms bigint", "total_cents bigint, events bigint")
-
-        def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: TimerValues) -> Iterator[Any]:
-            account = key[0]
-            stored_balance, stored_clock = self.balance.get(), self.clock.get()
-            balance, events = (stored_balance[0], stored_balance[1]) if stored_balance else (0, 0)
-            clock = stored_clock[0] if stored_clock else None
-            touched: dict[int, tuple[int, int]] = {}
-            empty = dict.fromkeys(("balance_cents", "events", "minute_ms", "total_cents", "event_id", "amount_cents",
-                                   "event_ms", "watermark_ms"))
-            for row in sorted(rows, key=lambda r: (r.kafka_partition, r.kafka_offset)):
-                if self.seen.containsKey((row.event_id,)):
-                    continue
-                self.seen.updateValue((row.event_id,), (True,))
-                balance, events = balance + row.amount_cents, events + 1
-                watermark = None if clock is None else clock - self.allowed_lateness_ms
-                if watermark is not None and row.event_ms < watermark:
-                    yield Row(**{**empty, "kind": "late", "account_id": account, "event_id": row.event_id,
-                                 "amount_cents": row.amount_cents, "event_ms": row.event_ms, "watermark_ms": watermark})
-                else:
-                    minute = row.event_ms // 60_000 * 60_000
-                    if minute not in touched:
-                        stored = self.minutes.getValue((minute,))
-                        touched[minute] = (stored[0], stored[1]) if stored else (0, 0)
-                    total, count = touched[minute]
-                    touched[minute] = (total + row.amount_cents, count + 1)
-                clock = row.event_ms if clock is None else max(clock, row.event_ms)
-            if clock is None:
-                return
-            self.balance.update((balance, events))
-            self.clock.update((clock,))
-            yield Row(**{**empty, "kind": "balance", "account_id": account, "balance_cents": balance, "events": events})
-            for minute, (total, count) in sorted(touched.items()):
-                self.minutes.updateValue((minute,), (total, count))
-                yield Row(**{**empty, "kind": "total", "account_id": account, "minute_ms": minute,
-                             "total_cents": total, "events": count})
-            watermark = clock - self.allowed_lateness_ms
-            for (minute,) in list(self.minutes.keys()):
-                if minute + 60_000 <= watermark:
-                    self.minutes.removeKey((minute,))
-
-        def close(self) -> None:
-            pass
-
-    return PaymentProcessor
 
 
 @dataclass(frozen=True)
@@ -186,12 +109,6 @@ class ReferencePipeline:
 
     def prepare(self) -> None:
         """Create the topics and tables the pipeline reads and writes (existing ones are kept)."""
-        from psycopg import sql
-
-        from oncekit.connectors import KafkaConfig
-        from oncekit.connectors.kafka import create_topic
-        from oncekit.connectors.postgres import connect
-
         kafka = KafkaConfig(self.bootstrap)
         topics = self.config.topics
         create_topic(kafka, topics.payments, partitions=topics.partitions)
@@ -218,8 +135,6 @@ class ReferencePipeline:
         payment, the reason (NULL for good ones)."""
         from pyspark.sql import functions as F
 
-        from oncekit.sources.kafka import kafka_stream
-
         raw = kafka_stream(spark, self.bootstrap, self.config.topics.payments,
                            max_offsets_per_trigger=self.config.pipeline.max_offsets_per_trigger)
         text = F.col("value").cast("string")
@@ -244,13 +159,15 @@ class ReferencePipeline:
                         F.expr("unix_millis(try_cast(fields['event_time'] AS timestamp))").alias("event_ms")))
 
     def processed(self, spark: SparkSession) -> DataFrame:
-        """Well-formed payments through :class:`PaymentProcessor`: rows of kind ``balance``,
-        ``total`` and ``late`` (schema :data:`PROCESSED_SCHEMA`).
+        """Well-formed payments through :class:`~oncekit.reference.processor.PaymentProcessor`: rows
+        of kind ``balance``, ``total`` and ``late`` (schema ``PROCESSED_SCHEMA``).
 
         The processor runs in Append mode (the kit's sinks take appends): each row it emits is a
         fact of its batch, and the sinks turn balance and total rows into upserts by key."""
+        from oncekit.reference.processor import PROCESSED_SCHEMA, PaymentProcessor
+
         run = self.config.pipeline
-        processor = _processor_type()(run.dedup_ttl_s * 1000, run.allowed_lateness_s * 1000)
+        processor = PaymentProcessor(run.dedup_ttl_s * 1000, run.allowed_lateness_s * 1000)
         payments = (self.parsed(spark).where("reason IS NULL")
                     .select("account_id", "event_id", "amount_cents", "event_ms", "kafka_partition", "kafka_offset"))
         return payments.groupBy("account_id").transformWithState(
@@ -263,8 +180,7 @@ class ReferencePipeline:
         so two pipelines sharing a database must write different tables."""
         from pyspark.sql import functions as F
 
-        from oncekit.sinks.kafka import kafka_sink
-        from oncekit.sinks.postgres import postgres_sink
+        from oncekit.reference.processor import PROCESSOR_VERSION
 
         tables, guarantees = self.config.tables, self.config.guarantees
         processor = (f"transformWithState:PaymentProcessor:v{PROCESSOR_VERSION}:"
@@ -306,7 +222,7 @@ class ReferencePipeline:
 
     def start(self, spark: SparkSession) -> list[OncekitQuery]:
         """Start every query from its checkpoint under :attr:`checkpoint`."""
-        from oncekit.core.query import start_query
+        from oncekit.core.spark.query import start_query
 
         run = self.config.pipeline
         # The processor's processing-time mode (for the TTL) makes Spark run a batch without data
@@ -370,8 +286,6 @@ class ReferencePipeline:
                        should_stop: Callable[[], bool] | None = None) -> int:
         """:meth:`run` under the configured restart strategy; returns the number of restarts or
         raises RestartsExhaustedError when the strategy gives up."""
-        from oncekit.core.restart import supervise
-
         return supervise(lambda: self.run(spark, tick, should_stop), self.config.restart_strategy(), on_restart)
 
     # -- savepoints ----------------------------------------------------------------------------
@@ -392,56 +306,18 @@ class ReferencePipeline:
         """Stop-with-savepoint: stop the running queries at a batch boundary (if any run) and
         copy their checkpoints to ``<into>/<name>``. Called by the pipeline runner when
         ``oncekit savepoint create`` asks, and by tests."""
-        from oncekit.core import savepoint
-
         self.stop_at_batch_boundary()
-        return savepoint.create(self.checkpoint, into, name, self.fingerprints(spark))
+        return savepoints.create(self.checkpoint, into, name, self.fingerprints(spark))
 
     def restore(self, spark: SparkSession, savepoint_path: str) -> Savepoint:
         """Copy the savepoint into this pipeline's (new, empty) checkpoint location after
         checking that its queries, sink ids and fingerprints are this pipeline's."""
-        from oncekit.core import savepoint
-
-        return savepoint.restore(savepoint_path, self.checkpoint, self.fingerprints(spark))
+        return savepoints.restore(savepoint_path, self.checkpoint, self.fingerprints(spark))
 
     # -- progress ------------------------------------------------------------------------------
 
     def progress(self) -> dict[str, int]:
-        """What the checkpoints and the server say right now: committed batches over all
-        queries, payments records consumed by committed batches of the balances query, and
-        prepared transactions waiting in PostgreSQL."""
-        from oncekit.connectors.postgres import connect
-
-        committed = 0
-        for name in QUERIES:
-            commits = Path(self.checkpoint, name, "commits")
-            if commits.is_dir():
-                committed += sum(1 for p in commits.iterdir() if p.name.isdigit())
-        with connect(self.dsn, autocommit=True, connect_timeout=5) as conn:
-            row = conn.execute("SELECT count(*) FROM pg_prepared_xacts WHERE starts_with(gid, 'oncekit:')").fetchone()
-        return {"checkpoints": committed, "records": consumed(f"{self.checkpoint}/balances"),
-                "prepared": int(row[0]) if row else 0}
-
-
-def last_committed_batch(checkpoint: str) -> int | None:
-    """The newest batch in ``<checkpoint>/commits`` (None before the first)."""
-    commits = Path(checkpoint, "commits")
-    batches = [int(p.name) for p in commits.iterdir() if p.name.isdigit()] if commits.is_dir() else []
-    return max(batches) if batches else None
-
-
-def consumed(checkpoint: str) -> int:
-    """Records (offsets) the query's committed batches have read, from its offset log."""
-    batch = last_committed_batch(checkpoint)
-    if batch is None:
-        return 0
-    lines = Path(checkpoint, "offsets", str(batch)).read_text().splitlines()
-    total = 0
-    for line in lines[2:]:  # version, batch metadata, then one offset JSON per source
-        try:
-            offsets = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(offsets, dict):
-            total += sum(int(o) for parts in offsets.values() if isinstance(parts, dict) for o in parts.values())
-    return total
+        """What the checkpoints and the server say right now (:func:`oncekit.reference.outputs.progress`):
+        committed batches over all queries, payments records consumed by committed batches of the
+        balances query, and prepared transactions waiting in PostgreSQL."""
+        return outputs.progress(self.checkpoint, QUERIES, "balances", self.dsn)

@@ -1,9 +1,9 @@
 """The reference pipeline's configuration: a TOML file (``pipeline.toml``) with command-line
 overrides.
 
-Called by ``oncekit demo``, ``oncekit pipeline``, ``oncekit savepoint`` and ``oncekit doctor``
-through :func:`load`. The file has five tables, each optional (the packaged ``pipeline.toml``
-holds every default)::
+Called by ``oncekit demo`` through :func:`load`, and by ``oncekit pipeline``, ``oncekit savepoint``
+and ``oncekit doctor`` through :func:`load_with_services`. The file has five tables, each optional
+(the packaged ``pipeline.toml`` holds every default)::
 
     [services]    backend, kafka_bootstrap, postgres_dsn (or the ONCEKIT_* environment variables)
     [topics]      payments, balance_updates, partitions
@@ -25,7 +25,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from oncekit.connectors.base import redact_dsn
+from oncekit.connectors.redact import redact_dsn
+from oncekit.connectors.services import load_state
 from oncekit.core.errors import ConfigError
 from oncekit.core.restart import RestartStrategy, strategy_from_config
 
@@ -187,3 +188,15 @@ def load(path: str | Path | None = None, overrides: Mapping[str, Any] | None = N
         raise ConfigError(f"pipeline config: unknown table(s) {', '.join(unknown)}; known: {', '.join([*_SECTIONS, 'restart'])}")
     sections = {name: _section(name, kind, data.get(name, {})) for name, kind in _SECTIONS.items()}
     return PipelineConfig(**sections, restart=dict(data.get("restart", {"type": "none"})))
+
+
+def load_with_services(path: str | Path | None = None, overrides: Mapping[str, Any] | None = None) -> PipelineConfig:
+    """:func:`load`, with the addresses it leaves empty taken from the services that
+    ``oncekit services up`` started (when it did)."""
+    loaded = load(path, overrides)
+    if not (loaded.kafka_bootstrap() and loaded.postgres_dsn()):
+        running = load_state()
+        if running is not None:
+            loaded = loaded.with_services(loaded.kafka_bootstrap() or running.kafka.bootstrap_servers,
+                                          loaded.postgres_dsn() or running.postgres.dsn)
+    return loaded

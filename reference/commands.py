@@ -1,0 +1,98 @@
+"""What the ``oncekit`` commands do with the reference pipeline: ``pipeline run``, ``savepoint
+create|list|restore|delete`` and ``produce``. The command line parses the flags and makes one call
+here; each call prints what it did and returns the exit status.
+
+``config_path`` and ``overrides`` (dotted keys, ``None`` values skipped) are read by
+:func:`oncekit.reference.config.load_with_services`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from oncekit.connectors.kafka import KafkaConfig, create_topic
+from oncekit.connectors.services import load_state
+from oncekit.core import savepoint as savepoints
+from oncekit.core.errors import ConfigError
+from oncekit.core.savepoint_stop import StopRequests, request_savepoint
+from oncekit.core.spark.session import spark_session
+from oncekit.reference import generator
+from oncekit.reference.config import load_with_services
+from oncekit.reference.pipeline import ReferencePipeline
+
+
+def run_pipeline(config_path: str | None, overrides: Mapping[str, Any], from_savepoint: str | None = None) -> int:
+    """``oncekit pipeline run``: run the pipeline under its restart strategy (from a savepoint, if
+    given) until it drains the topic, fails for good, or is asked to stop with a savepoint."""
+    pipeline = ReferencePipeline(load_with_services(config_path, overrides))
+    spark = spark_session("oncekit-pipeline")
+    if from_savepoint:
+        restored = pipeline.restore(spark, from_savepoint)
+        print(f"restored savepoint {restored.name} into {pipeline.checkpoint}")
+    pipeline.prepare()
+    with StopRequests(pipeline.checkpoint) as requests:
+        restarts = pipeline.run_supervised(spark, should_stop=requests.pending)
+        wanted = requests.take()
+        if wanted is not None:
+            saved = pipeline.savepoint(spark, wanted.into, wanted.name)
+            requests.answered()
+            print(f"stopped with savepoint {saved.name} at {saved.path}")
+    print(f"pipeline finished ({restarts} restarts); checkpoints under {pipeline.checkpoint}")
+    return 0
+
+
+def savepoint(action: str, name: str | None, into: str, timeout_s: float, config_path: str | None,
+              overrides: Mapping[str, Any]) -> int:
+    """``oncekit savepoint create|list|restore|delete`` for savepoints in the folder ``into``.
+
+    ``create`` asks a running pipeline to stop with the savepoint and waits up to ``timeout_s``
+    for it; with no pipeline running, it copies the checkpoints itself. ``name`` defaults to a
+    timestamp for ``create`` and is required by ``restore`` and ``delete``."""
+    folder = Path(into)
+    if action == "list":
+        for found in savepoints.list_savepoints(folder):
+            print(found.describe())
+        return 0
+    if action in ("restore", "delete") and not name:
+        raise ConfigError(f"savepoint {action}: give the savepoint's name (oncekit savepoint list shows them)")
+    if action == "delete":
+        savepoints.delete(folder / str(name))
+        print(f"deleted savepoint {name}")
+        return 0
+    pipeline = ReferencePipeline(load_with_services(config_path, overrides))
+    if action == "restore":
+        restored = pipeline.restore(spark_session("oncekit-savepoint"), str(folder / str(name)))
+        print(f"restored {restored.name} into {pipeline.checkpoint}; start it with: oncekit pipeline run "
+              f"--checkpoint {pipeline.checkpoint}")
+        return 0
+    name = name or datetime.now(timezone.utc).strftime("savepoint-%Y%m%dT%H%M%SZ")
+    created = request_savepoint(pipeline.checkpoint, folder, name, timeout_s)
+    if created is None:
+        created = savepoints.create(pipeline.checkpoint, folder, name,
+                                    pipeline.fingerprints(spark_session("oncekit-savepoint")))
+    print(f"savepoint {created.name} at {created.path}: {created.describe()}")
+    return 0
+
+
+def produce(bootstrap: str | None, topic: str, partitions: int, workload: generator.Workload,
+            rate: float | None = None) -> int:
+    """``oncekit produce``: create ``topic`` if needed and send the workload to it. The broker is
+    ``bootstrap``, else ``ONCEKIT_KAFKA_BOOTSTRAP``, else the one ``oncekit services up`` started."""
+    bootstrap = bootstrap or os.environ.get("ONCEKIT_KAFKA_BOOTSTRAP")
+    if not bootstrap:
+        running = load_state()
+        if running is None:
+            print("oncekit produce: give --bootstrap, set ONCEKIT_KAFKA_BOOTSTRAP, or run 'oncekit services up'",
+                  file=sys.stderr)
+            return 1
+        bootstrap = running.kafka.bootstrap_servers
+    kafka = KafkaConfig(bootstrap)
+    create_topic(kafka, topic, partitions=partitions)
+    sent = generator.produce(kafka, topic, workload, rate)
+    print(f"sent {sent} records to {topic} at {bootstrap} (seed {workload.seed})")
+    return 0
