@@ -6,6 +6,7 @@ import logging
 from collections.abc import Iterator, Sequence
 from typing import Any, cast
 
+from confluent_kafka import Consumer, TopicPartition
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
@@ -86,6 +87,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: KafkaSourceOptions) -> None:
         self.options = options
         self._available_now: Offsets | None = None
+        self._group_consumer: Consumer | None = None
 
     def prepareForTriggerAvailableNow(self) -> None:
         """Trigger.AvailableNow reads what exists now and no later record, in as many batches
@@ -121,18 +123,15 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         for lag monitoring. Never read back for recovery."""
         if not self.options.consumer_group:
             return
-        from confluent_kafka import TopicPartition
-
-        consumer = self.options.consumer(**{"group.id": self.options.consumer_group})
+        if self._group_consumer is None:  # one per query: this reader lives as long as the query
+            self._group_consumer = self.options.consumer(**{"group.id": self.options.consumer_group})
         try:
-            consumer.commit(
+            self._group_consumer.commit(
                 offsets=[TopicPartition(t, int(p), o) for t, parts in end.items() for p, o in parts.items()],
                 asynchronous=False,
             )
         except Exception as exc:  # monitoring only: a failed mirror must not fail the query
             logger.warning("%s: could not mirror offsets to group %s: %s", FORMAT, self.options.consumer_group, exc)
-        finally:
-            consumer.close()
 
 
 def _cap(start: Offsets, latest: Offsets, max_rows: int) -> Offsets:

@@ -13,16 +13,20 @@ from __future__ import annotations
 import json
 import logging
 import re
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+
 from oncekit.connectors.redact import redact_config
 from oncekit.core.errors import ConfigError, DataLossError, OncekitError, SourceReadError
 
 if TYPE_CHECKING:
-    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
 logger = logging.getLogger(__name__)
@@ -102,9 +106,8 @@ class KafkaSourceOptions:
             consumer_group=lowered.get("consumergroup") or None,
         )
 
-    def consumer(self, **extra: Any) -> Any:
-        from confluent_kafka import Consumer
-
+    def consumer(self, **extra: Any) -> Consumer:
+        """A new consumer with these client settings; assign() only, it never joins a group."""
         settings: dict[str, Any] = {
             "group.id": "oncekit-source",  # required by librdkafka; assign() never joins the group
             "enable.auto.commit": False,
@@ -114,6 +117,32 @@ class KafkaSourceOptions:
         }
         settings.update(extra)
         return Consumer(settings)
+
+    def shared_consumer(self) -> Consumer:
+        """The consumer of this Python process for these client settings, made on first use.
+
+        Spark reuses its Python workers across tasks and batches, and the driver-side reader lives
+        as long as the query: one consumer each keeps its broker connections and metadata instead
+        of paying for them per task (a new consumer needs several round trips before its first
+        fetch). Callers assign, read and unassign; a consumer that failed is dropped with
+        :meth:`drop_shared_consumer`.
+        """
+        key = tuple(sorted(self.client.items()))
+        with _shared_lock:
+            found = _shared_consumers.get(key)
+            if found is None:
+                found = _shared_consumers[key] = self.consumer()
+            return found
+
+    def drop_shared_consumer(self) -> None:
+        with _shared_lock:
+            found = _shared_consumers.pop(tuple(sorted(self.client.items())), None)
+        if found is not None:
+            found.close()
+
+
+_shared_consumers: dict[tuple[tuple[str, str], ...], Consumer] = {}
+_shared_lock = threading.Lock()
 
 
 def _resolve(spec: str, watermarks: Mapping[tuple[str, int], tuple[int, int]], which: str) -> Offsets:
@@ -139,78 +168,93 @@ class KafkaPartitionReader:
 
     The range ends on the consumer's position, never on the offset end-1: transaction markers
     and aborted records occupy offsets, so the last offsets of a range may carry no record.
+    A read never waits out a timeout once the range's last record has arrived: each poll asks
+    for at most what is left of the range, and polls are short, so a range that ends on a
+    transaction marker costs one short poll more, not a second.
     """
+
+    POLL_S = 0.1
 
     def __init__(self, options: KafkaSourceOptions) -> None:
         self.options = options
 
     def read(self, topic: str, partition: int, start: int, end: int) -> Iterator[pa.RecordBatch]:
-        import pyarrow as pa
-        from confluent_kafka import KafkaException, TopicPartition
-
         if start >= end:
             return
-        consumer = self.options.consumer()
+        consumer = self.options.shared_consumer()
+        finished = False
         try:
-            low, _ = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
-            if start < low:
-                lost = f"{FORMAT}: topic {topic} partition {partition}: offsets {start}..{min(low, end) - 1} are gone (log starts at {low})"
-                if self.options.fail_on_data_loss:
-                    raise DataLossError(lost + "; set failOnDataLoss=false to skip them")
-                logger.warning("%s; skipped", lost)
-                start = low
-                if start >= end:
-                    return
-            consumer.assign([TopicPartition(topic, partition, start)])
-            position = start
-            deadline = time.monotonic() + self.options.poll_timeout_s
-            while position < end:
-                messages = consumer.consume(num_messages=self.options.batch_size, timeout=1.0)
-                rows = []
-                for message in messages:
-                    if message.error():
-                        raise KafkaException(message.error())
-                    if message.offset() < end:
-                        rows.append(message)
-                if rows:
-                    yield self._to_arrow(pa, rows)
-                    deadline = time.monotonic() + self.options.poll_timeout_s
-                position = consumer.position([TopicPartition(topic, partition)])[0].offset
-                if position < 0:  # nothing fetched yet
-                    position = start
-                if position < end and not messages and time.monotonic() > deadline:
-                    raise SourceReadError(
-                        f"{FORMAT}: topic {topic} partition {partition}: stuck at offset {position} "
-                        f"before {end} for {self.options.poll_timeout_s:.0f} s"
-                    )
+            yield from self._read(consumer, topic, partition, start, end)
+            finished = True
         finally:
-            consumer.close()
+            if finished:
+                consumer.unassign()
+            else:  # failed or abandoned half-way: start the next task from a clean consumer
+                self.options.drop_shared_consumer()
 
-    def _to_arrow(self, pa: Any, messages: list[Any]) -> pa.RecordBatch:
-        stamps = [m.timestamp() for m in messages]
+    def _read(self, consumer: Consumer, topic: str, partition: int, start: int, end: int) -> Iterator[pa.RecordBatch]:
+        low, _ = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
+        if start < low:
+            lost = f"{FORMAT}: topic {topic} partition {partition}: offsets {start}..{min(low, end) - 1} are gone (log starts at {low})"
+            if self.options.fail_on_data_loss:
+                raise DataLossError(lost + "; set failOnDataLoss=false to skip them")
+            logger.warning("%s; skipped", lost)
+            start = low
+            if start >= end:
+                return
+        consumer.assign([TopicPartition(topic, partition, start)])
+        position = start
+        deadline = time.monotonic() + self.options.poll_timeout_s
+        while position < end:
+            messages = consumer.consume(num_messages=min(self.options.batch_size, end - position), timeout=self.POLL_S)
+            if messages:
+                batch = self._to_arrow(topic, partition, messages, end)
+                if batch.num_rows:
+                    yield batch
+                deadline = time.monotonic() + self.options.poll_timeout_s
+            position = consumer.position([TopicPartition(topic, partition)])[0].offset
+            if position < 0:  # nothing fetched yet
+                position = start
+            if position < end and not messages and time.monotonic() > deadline:
+                raise SourceReadError(
+                    f"{FORMAT}: topic {topic} partition {partition}: stuck at offset {position} "
+                    f"before {end} for {self.options.poll_timeout_s:.0f} s"
+                )
+
+    def _to_arrow(self, topic: str, partition: int, messages: list[Any], end: int) -> pa.RecordBatch:
+        """One pass over the messages (the only per-record Python work left; librdkafka hands
+        out one object per message), then columns built by Arrow."""
+        rows = [(m.error(), m.key(), m.value(), m.offset(), *m.timestamp()) for m in messages]
+        errors, keys, values, offsets, stamp_types, stamps = zip(*rows)
+        if any(errors):
+            raise KafkaException(next(e for e in errors if e))
+        count = len(rows)
+        if offsets[-1] >= end:  # prefetched records past the range belong to the next batch
+            count = sum(1 for offset in offsets if offset < end)
+        millis = pa.array(stamps[:count], pa.int64())
         columns = [
-            pa.array([m.key() for m in messages], pa.binary()),
-            pa.array([m.value() for m in messages], pa.binary()),
-            pa.array([m.topic() for m in messages], pa.string()),
-            pa.array([m.partition() for m in messages], pa.int32()),
-            pa.array([m.offset() for m in messages], pa.int64()),
-            pa.array([s[1] * 1000 for s in stamps], pa.timestamp("us", tz="UTC")),
-            pa.array([s[0] for s in stamps], pa.int32()),
+            pa.array(keys[:count], pa.binary()),
+            pa.array(values[:count], pa.binary()),
+            pa.repeat(pa.scalar(topic, pa.string()), count),
+            pa.repeat(pa.scalar(partition, pa.int32()), count),
+            pa.array(offsets[:count], pa.int64()),
+            pc.multiply(millis, 1000).cast(pa.timestamp("us", tz="UTC")),
+            pa.array(stamp_types[:count], pa.int32()),
         ]
         names = ["key", "value", "topic", "partition", "offset", "timestamp", "timestampType"]
         if self.options.include_headers:
             header_type = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
-            columns.append(pa.array([[{"key": k, "value": v} for k, v in (m.headers() or [])] for m in messages], header_type))
+            columns.append(pa.array([[{"key": k, "value": v} for k, v in (m.headers() or [])] for m in messages[:count]],
+                                    header_type))
             names.append("headers")
         return pa.RecordBatch.from_arrays(columns, names=names)
 
 
 def watermarks(options: KafkaSourceOptions) -> dict[tuple[str, int], tuple[int, int]]:
     """(low, high) per partition of the subscribed topics; with read_committed, high is the last
-    stable offset, so open transactions are never planned into a batch."""
-    from confluent_kafka import TopicPartition
-
-    consumer = options.consumer()
+    stable offset, so open transactions are never planned into a batch. Called by the driver-side
+    reader at every trigger, on the process's shared consumer."""
+    consumer = options.shared_consumer()
     try:
         metadata = consumer.list_topics(timeout=30)
         out = {}
@@ -225,8 +269,9 @@ def watermarks(options: KafkaSourceOptions) -> dict[tuple[str, int], tuple[int, 
             for partition in sorted(described.partitions):
                 out[(topic, partition)] = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
         return out
-    finally:
-        consumer.close()
+    except KafkaException:
+        options.drop_shared_consumer()
+        raise
 
 
 def kafka_stream(
@@ -258,13 +303,8 @@ def offsets_for_timestamp(options: KafkaSourceOptions, marks: Mapping[tuple[str,
                           timestamp_ms: int) -> Offsets:
     """Per partition, the first offset whose record timestamp is at or after ``timestamp_ms``
     (the partition's end when there is none)."""
-    from confluent_kafka import TopicPartition
-
-    consumer = options.consumer()
-    try:
-        found = consumer.offsets_for_times([TopicPartition(t, p, timestamp_ms) for t, p in marks], timeout=30)
-    finally:
-        consumer.close()
+    consumer = options.shared_consumer()
+    found = consumer.offsets_for_times([TopicPartition(t, p, timestamp_ms) for t, p in marks], timeout=30)
     out: Offsets = {}
     for tp in found:
         out.setdefault(tp.topic, {})[str(tp.partition)] = tp.offset if tp.offset >= 0 else marks[(tp.topic, tp.partition)][1]

@@ -1,23 +1,34 @@
-"""What the Kafka sinks' protocols share: the records of a partition or batch with their
-checksum, producers, the batch marker, publishing in one transaction, and the preflight.
+"""What the Kafka sinks' protocols share: the records of a partition or batch as Arrow arrays with
+their checksum, the process's pool of producers and marker consumers, the batch marker,
+publishing in one transaction, and the preflight.
 
 The batch marker is a consumer group's committed offset on partition 0 of the output topic,
 written with ``send_offsets_to_transaction`` inside the transaction that publishes the batch:
 offset = batch id + 1, metadata = batch, row count and checksum. Its group is a
 :class:`~oncekit.core.names.MarkerGroup`.
+
+No Python code runs per record: Arrow converts the columns to lists of bytes, ``map`` hands them
+to librdkafka's ``produce`` and to ``zlib.crc32`` for the checksum, and delivery reports come
+back for failed records only.
 """
 
 from __future__ import annotations
 
-import hashlib
+import collections
+import functools
+import itertools
 import json
 import logging
+import operator
+import threading
 import time
-from collections.abc import Iterator
+import zlib
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from oncekit.connectors.kafka import broker_settings, create_topic
@@ -32,48 +43,101 @@ logger = logging.getLogger(__name__)
 FORMAT = "oncekit-kafka-sink"
 DEFAULT_TRANSACTION_TIMEOUT_MS = 60_000  # the broker's transaction.max.timeout.ms must allow it
 
+ClientT = TypeVar("ClientT", Producer, Consumer)
+
+
+class _ClientPool:
+    """Clients of this Python process, kept across tasks and batches (Spark reuses its Python
+    workers): a task takes one for its exclusive use and gives it back when it succeeded; a
+    client that failed is closed, never given back. Two users at once get two clients."""
+
+    def __init__(self) -> None:
+        self._idle: dict[tuple[Any, ...], Any] = {}
+        self._lock = threading.Lock()
+
+    def take(self, key: tuple[Any, ...], make: Callable[[], ClientT]) -> tuple[ClientT, bool]:
+        """(client, whether it is new)."""
+        with self._lock:
+            found = self._idle.pop(key, None)
+        return (found, False) if found is not None else (make(), True)
+
+    def give(self, key: tuple[Any, ...], client: Any) -> None:
+        with self._lock:
+            if key not in self._idle:
+                self._idle[key] = client
+                return
+        client.close()  # another user gave one back first; one idle client per key is enough
+
+
+_POOL = _ClientPool()
+
 
 @dataclass(frozen=True)
 class Records:
-    """One partition's (or batch's) records, with what the marker records of them."""
+    """One partition's (or batch's) records: binary key and value arrays of equal length."""
 
-    keys: list[bytes | None]
-    values: list[bytes | None]
+    keys: pa.Array
+    values: pa.Array
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    @functools.cached_property
+    def python_keys(self) -> list[bytes | None]:
+        """The keys as librdkafka takes them (converted by Arrow, once)."""
+        return self.keys.to_pylist()  # type: ignore[no-any-return]
+
+    @functools.cached_property
+    def python_values(self) -> list[bytes | None]:
+        return self.values.to_pylist()  # type: ignore[no-any-return]
 
     @property
     def checksum(self) -> str:
-        """Order-independent: a replay may deliver a partition's rows in another order."""
-        total = 0
-        for key, value in zip(self.keys, self.values):
-            digest = hashlib.blake2b((key or b"") + b"\0" + (value or b""), digest_size=8).digest()
-            total = (total + int.from_bytes(digest, "big")) % (1 << 64)
-        return f"{total:016x}"
+        """Order-independent (a replay may deliver a partition's rows in another order): the sum
+        of each record's CRC-32 of key and value, iterated and computed in C."""
+        values = pc.fill_null(self.values, b"").to_pylist() if self.values.null_count else self.python_values
+        if self.keys.null_count == len(self.keys):
+            total = sum(map(zlib.crc32, values))
+        else:
+            keys = pc.fill_null(self.keys, b"").to_pylist() if self.keys.null_count else self.python_keys
+            total = sum(map(zlib.crc32, values, map(zlib.crc32, keys)))
+        return f"{len(self):x}-{total % (1 << 64):016x}"
 
     @classmethod
-    def from_batches(cls, batches: Iterator[pa.RecordBatch], where: str) -> Records:
-        keys: list[bytes | None] = []
-        values: list[bytes | None] = []
+    def from_batches(cls, batches: Iterable[pa.RecordBatch], where: str) -> Records:
+        """The ``key`` (optional) and ``value`` columns, string or binary, as binary arrays."""
+        keys: list[pa.Array] = []
+        values: list[pa.Array] = []
+        rows = 0
         for batch in batches:
             names = batch.schema.names
             if "value" not in names:
                 raise ConfigError(f"{where}: the stream needs a value column; it has {', '.join(names)}")
-            values.extend(_as_bytes(batch.column(names.index("value")).to_pylist(), where, "value", len(values)))
-            key_column = batch.column(names.index("key")).to_pylist() if "key" in names else [None] * batch.num_rows
-            keys.extend(_as_bytes(key_column, where, "key", len(keys)))
-        return cls(keys, values)
+            values.append(_as_binary(batch.column(names.index("value")), where, "value", rows))
+            keys.append(_as_binary(batch.column(names.index("key")), where, "key", rows) if "key" in names
+                        else pa.nulls(batch.num_rows, pa.binary()))
+            rows += batch.num_rows
+        return cls.concat([cls(k, v) for k, v in zip(keys, values)])
+
+    @classmethod
+    def concat(cls, parts: Iterable[Records]) -> Records:
+        parts = list(parts)
+        if not parts:
+            return cls(pa.array([], pa.binary()), pa.array([], pa.binary()))
+        return cls(pa.concat_arrays([p.keys for p in parts]), pa.concat_arrays([p.values for p in parts]))
 
 
-def _as_bytes(column: list[Any], where: str, name: str, first_row: int) -> list[bytes | None]:
-    out: list[bytes | None] = []
-    for index, value in enumerate(column):
-        if value is None or isinstance(value, bytes):
-            out.append(value)
-        elif isinstance(value, str):
-            out.append(value.encode())
-        else:
-            raise RecordError(f"{where}: row {first_row + index}, column {name}: cannot serialize "
-                              f"{type(value).__name__}; give string or binary")
-    return out
+def _as_binary(column: pa.Array, where: str, name: str, first_row: int) -> pa.Array:
+    """A string or binary column as binary (no copy); any other type fails naming the first row
+    that holds a value of it (a column of nulls only is nulls)."""
+    if pa.types.is_binary(column.type):
+        return column
+    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type) or pa.types.is_large_binary(column.type):
+        return column.cast(pa.binary())
+    if column.null_count == len(column):
+        return pa.nulls(len(column), pa.binary())
+    row = first_row + pc.index(pc.is_valid(column), True).as_py()
+    raise RecordError(f"{where}: row {row}, column {name}: cannot serialize {column.type}; give string or binary")
 
 
 class KafkaSinkBase:
@@ -82,6 +146,7 @@ class KafkaSinkBase:
 
     def __init__(self, config: KafkaSinkConfig) -> None:
         self.config, self.sink_id = config, config.sink_id
+        self._client_key = tuple(sorted((str(k), str(v)) for k, v in config.kafka.settings().items()))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.config!r})"
@@ -102,74 +167,129 @@ class KafkaSinkBase:
                 f"broker's transaction.max.timeout.ms {maximum}; lower it or raise the broker's maximum"
             )
 
-    def producer(self, **extra: Any) -> Producer:
-        return Producer(self.config.kafka.settings(linger_ms=5, **extra))
+    # -- clients -------------------------------------------------------------------------------
 
-    def transactional_producer(self, transactional_id: KafkaTransactionalId) -> Producer:
-        """A producer whose init fences every earlier producer with the same id and aborts the
-        transaction it left open."""
-        producer = self.producer(transactional_id=str(transactional_id),
-                                 transaction_timeout_ms=self.config.transaction_timeout_ms)
-        producer.init_transactions(30)
-        return producer
+    def _new_producer(self, **extra: Any) -> Producer:
+        # Delivery reports for failed records only: no Python callback per delivered record.
+        return Producer(self.config.kafka.settings(linger_ms=5, delivery_report_only_error=True,
+                                                   queue_buffering_max_messages=1_000_000, **extra))
+
+    def take_producer(self, transactional_id: KafkaTransactionalId | None, fresh: bool = False) -> Producer:
+        """A producer of this process's pool (a new one when ``fresh``): idempotent (``None``) or
+        transactional. A new transactional producer runs ``init_transactions``, which fences
+        every earlier producer with the same id and aborts the transaction it left open; one taken
+        from the pool was initialised by an earlier task, and if a newer producer has fenced it
+        since, its first transactional call fails fatally and :meth:`commit_with_fencing` starts
+        over with a fresh one."""
+
+        def make() -> Producer:
+            if transactional_id is None:
+                return self._new_producer(enable_idempotence=True)
+            producer = self._new_producer(transactional_id=str(transactional_id),
+                                          transaction_timeout_ms=self.config.transaction_timeout_ms)
+            producer.init_transactions(30)
+            return producer
+
+        return make() if fresh else _POOL.take((*self._client_key, str(transactional_id)), make)[0]
+
+    def give_producer(self, transactional_id: KafkaTransactionalId | None, producer: Producer) -> None:
+        _POOL.give((*self._client_key, str(transactional_id)), producer)
+
+    def _marker_consumer(self, group: MarkerGroup) -> tuple[tuple[Any, ...], Consumer]:
+        key = (*self._client_key, "marker", str(group))
+        # read_committed makes the committed-offset fetch stable: it waits for pending
+        # transactional commits. Assigned nothing, it never joins the group.
+        consumer, _ = _POOL.take(key, lambda: Consumer(self.config.kafka.settings(
+            group_id=str(group), enable_auto_commit=False, isolation_level="read_committed")))
+        return key, consumer
 
     def marker(self, group: MarkerGroup) -> tuple[int, dict[str, Any]]:
-        """The committed batch marker of ``group``: (offset, metadata); a negative offset when none.
-        read_committed makes the offset fetch stable: it waits for pending transactional commits."""
-        consumer = Consumer(self.config.kafka.settings(group_id=str(group), enable_auto_commit=False,
-                                                       isolation_level="read_committed"))
-        try:
-            (committed,) = consumer.committed([TopicPartition(self.config.topic, 0)], timeout=30)
-        finally:
-            consumer.close()
+        """The committed batch marker of ``group``: (offset, metadata); a negative offset when none."""
+        key, consumer = self._marker_consumer(group)
+        (committed,) = consumer.committed([TopicPartition(self.config.topic, 0)], timeout=30)
+        _POOL.give(key, consumer)
         metadata = json.loads(committed.metadata) if committed.metadata else {}
         return committed.offset, metadata
 
-    def publish(self, producer: Producer, records: Records, group: MarkerGroup, batch_id: int, where: str) -> None:
-        """Produce ``records`` and the batch marker in one transaction, and commit it."""
+    # -- writing -------------------------------------------------------------------------------
+
+    def produce(self, producer: Producer, records: Records, where: str) -> Callable[[], list[str]]:
+        """Queue every record. The records go to librdkafka through ``map`` over Arrow-made
+        lists, so no Python code runs per record; only a record the client refuses stops it: a
+        full local queue waits for deliveries, a record over the broker's size goes to the
+        dead-letter topic if there is one, else fails the task with its row. Returns a function
+        that lists the delivery errors reported so far."""
         errors: list[str] = []
 
-        def delivered(error: Any, message: Any) -> None:
-            if error is not None:
-                errors.append(str(error))
+        def failed(error: Any, message: Any) -> None:  # called for failed deliveries only
+            errors.append(str(error))
 
+        topic, values, keys = self.config.topic, records.python_values, records.python_keys
+        remaining_values, remaining_keys = iter(values), iter(keys)
+        send = functools.partial(producer.produce, on_delivery=failed)
+        while True:
+            try:
+                collections.deque(map(send, itertools.repeat(topic), remaining_values, remaining_keys), maxlen=0)
+                return lambda: errors
+            except BufferError:  # the local queue is full: let deliveries drain it, then go on
+                row = len(values) - operator.length_hint(remaining_values) - 1
+                while True:
+                    producer.poll(0.05)
+                    try:
+                        send(topic, values[row], keys[row])
+                        break
+                    except BufferError:
+                        continue
+            except KafkaException as exc:
+                row = len(values) - operator.length_hint(remaining_values) - 1
+                if exc.args[0].code() != KafkaError.MSG_SIZE_TOO_LARGE or not self.config.dead_letter_topic:
+                    raise RecordError(f"{where}: row {row}: {exc.args[0].str()}") from exc
+                producer.produce(self.config.dead_letter_topic, key=keys[row], value=(values[row] or b"")[:1024],
+                                 headers={"oncekit.error": f"{where}: row {row}: too large"})
+
+    def publish(self, producer: Producer, records: Records, group: MarkerGroup, batch_id: int, where: str) -> None:
+        """Produce ``records`` and the batch marker in one transaction, and commit it. A fatal
+        error (fenced by a newer producer) is raised as it is, for :meth:`commit_with_fencing`."""
         producer.begin_transaction()
         try:
-            for index, (key, value) in enumerate(zip(records.keys, records.values)):
-                self._produce(producer, key, value, delivered, where, index)
-            producer.flush(self.config.transaction_timeout_ms / 1000)
-            if errors:
-                raise RecordError(f"{where}: {len(errors)} records were not delivered: {errors[0]}")
-            consumer = Consumer(self.config.kafka.settings(group_id=str(group), enable_auto_commit=False))
-            try:
-                metadata = json.dumps({"batch": batch_id, "rows": len(records.values), "checksum": records.checksum})
-                producer.send_offsets_to_transaction(
-                    [TopicPartition(self.config.topic, 0, batch_id + 1, metadata)], consumer.consumer_group_metadata(), 30)
-            finally:
-                consumer.close()
+            delivery_errors = self.produce(producer, records, where)
+            metadata = json.dumps({"batch": batch_id, "rows": len(records), "checksum": records.checksum})
+            key, consumer = self._marker_consumer(group)
+            producer.send_offsets_to_transaction(
+                [TopicPartition(self.config.topic, 0, batch_id + 1, metadata)], consumer.consumer_group_metadata(), 30)
+            _POOL.give(key, consumer)
             _commit_transaction(producer)
+            if delivery_errors():  # commit refuses a transaction with failed records; belt and braces
+                raise RecordError(f"{where}: records were not delivered: {delivery_errors()[0]}")
         except KafkaException as exc:
-            error = exc.args[0]
-            if not error.fatal():
+            if not exc.args[0].fatal():
                 producer.abort_transaction(30)
-            raise OncekitError(f"{where}: transaction failed: {error.str()}") from exc
+            raise
         except BaseException:
             producer.abort_transaction(30)
             raise
 
-    def _produce(self, producer: Producer, key: bytes | None, value: bytes | None, delivered: Any, where: str, index: int) -> None:
-        while True:
+    def commit_with_fencing(self, transactional_id: KafkaTransactionalId, where: str,
+                            attempt: Callable[[Producer], int]) -> int:
+        """Run ``attempt`` (read the marker, publish) with a pooled transactional producer; if it
+        was fenced since it was pooled, run it once more with a fresh producer, whose
+        initialisation fences the other one in turn. Kafka errors are raised naming sink, batch,
+        partition and transaction."""
+        producer = self.take_producer(transactional_id)
+        try:
             try:
-                producer.produce(self.config.topic, key=key, value=value, on_delivery=delivered)
-                return
-            except BufferError:  # the local queue is full: let deliveries drain it
-                producer.poll(0.1)
+                result = attempt(producer)
             except KafkaException as exc:
-                if exc.args[0].code() == KafkaError.MSG_SIZE_TOO_LARGE and self.config.dead_letter_topic:
-                    producer.produce(self.config.dead_letter_topic, key=key, value=(value or b"")[:1024],
-                                     headers={"oncekit.error": f"{where}: row {index}: too large"})
-                    return
-                raise RecordError(f"{where}: row {index}: {exc.args[0].str()}") from exc
+                if not exc.args[0].fatal():
+                    raise
+                logger.info("%s txn %s: pooled producer fenced (%s); starting over with a new one",
+                            where, transactional_id, exc.args[0].str())
+                producer = self.take_producer(transactional_id, fresh=True)
+                result = attempt(producer)
+        except KafkaException as exc:
+            raise OncekitError(f"{where}: transaction {transactional_id} failed: {exc.args[0].str()}") from exc
+        self.give_producer(transactional_id, producer)
+        return result
 
 
 def _commit_transaction(producer: Producer) -> None:

@@ -4,8 +4,6 @@ replayed batch writes its records again."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
-
 import pyarrow as pa
 
 from oncekit.core.errors import RecordError
@@ -19,16 +17,11 @@ class KafkaAtLeastOnceSink(KafkaSinkBase, AtLeastOnceSink):
     def append(self, task: TaskInfo, batches: Iterator[pa.RecordBatch]) -> int:
         where = f"{FORMAT} sink {self.sink_id} batch {task.batch_id} partition {task.partition_id}"
         records = Records.from_batches(batches, where)
-        producer = self.producer(enable_idempotence=True)
-        errors: list[str] = []
-
-        def delivered(error: Any, message: Any) -> None:
-            if error is not None:
-                errors.append(str(error))
-
-        for index, (key, value) in enumerate(zip(records.keys, records.values)):
-            self._produce(producer, key, value, delivered, where, index)
+        producer = self.take_producer(None)
+        delivery_errors = self.produce(producer, records, where)
         remaining = producer.flush(60)
-        if errors or remaining:
+        if delivery_errors() or remaining:
+            errors = delivery_errors()
             raise RecordError(f"{where}: {len(errors) + remaining} records were not delivered: {(errors or ['timeout'])[0]}")
-        return len(records.values)
+        self.give_producer(None, producer)
+        return len(records)

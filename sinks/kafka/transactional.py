@@ -9,6 +9,7 @@ import logging
 from collections.abc import Iterator
 
 import pyarrow as pa
+from confluent_kafka import Producer
 
 from oncekit.core.errors import NonDeterministicReplayError
 from oncekit.core.names import KafkaTransactionalId, MarkerGroup
@@ -25,18 +26,21 @@ class KafkaTransactionalSink(KafkaSinkBase, TaskCommitSink):
         where = f"{FORMAT} sink {self.sink_id} batch {task.batch_id} partition {task.partition_id}"
         records = Records.from_batches(batches, where)
         transactional_id = KafkaTransactionalId(self.sink_id, task.partition_id)
-        producer = self.transactional_producer(transactional_id)
         group = MarkerGroup(self.sink_id, task.partition_id)
-        offset, metadata = self.marker(group)
-        if offset > task.batch_id:
-            if offset == task.batch_id + 1 and metadata.get("checksum") != records.checksum:
-                raise NonDeterministicReplayError(
-                    f"{where}: the batch is committed with {metadata.get('rows')} records (checksum "
-                    f"{metadata.get('checksum')}), but its replay has {len(records.values)} (checksum {records.checksum}); "
-                    "the pipeline is not deterministic, so exactly-once cannot hold"
-                )
-            logger.info("%s: already committed (marker %s); writing nothing", where, offset)
-            return 0
-        self.publish(producer, records, group, task.batch_id, where)
-        logger.info("%s txn %s: committed %s records", where, transactional_id, len(records.values))
-        return len(records.values)
+
+        def attempt(producer: Producer) -> int:
+            offset, metadata = self.marker(group)
+            if offset > task.batch_id:
+                if offset == task.batch_id + 1 and metadata.get("checksum") != records.checksum:
+                    raise NonDeterministicReplayError(
+                        f"{where}: the batch is committed with {metadata.get('rows')} records (checksum "
+                        f"{metadata.get('checksum')}), but its replay has {len(records)} (checksum {records.checksum}); "
+                        "the pipeline is not deterministic, so exactly-once cannot hold"
+                    )
+                logger.info("%s txn %s: already committed (marker %s); writing nothing", where, transactional_id, offset)
+                return 0
+            self.publish(producer, records, group, task.batch_id, where)
+            logger.info("%s txn %s: committed %s records", where, transactional_id, len(records))
+            return len(records)
+
+        return self.commit_with_fencing(transactional_id, where, attempt)

@@ -8,7 +8,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from confluent_kafka import KafkaException
+from confluent_kafka import Producer
 
 from oncekit.core.errors import OncekitError
 from oncekit.core.names import KafkaTransactionalId, MarkerGroup
@@ -32,23 +32,25 @@ class KafkaWriteAheadSink(KafkaSinkBase, WriteAheadSink):
         group = MarkerGroup(self.sink_id)
         if self.marker(group)[0] > batch_id:
             return CommitOutcome.ALREADY_COMMITTED
-        keys: list[bytes | None] = []
-        values: list[bytes | None] = []
-        for committable, batches in self.staged_batches(batch_id, committables):
-            part = Records.from_batches(batches, f"{where} partition {committable.partition_id}")
-            keys.extend(part.keys)
-            values.extend(part.values)
+        records = Records.concat(
+            Records.from_batches(batches, f"{where} partition {committable.partition_id}")
+            for committable, batches in self.staged_batches(batch_id, committables)
+        )
+
+        def attempt(producer: Producer) -> int:
+            if self.marker(group)[0] > batch_id:  # published by another notification meanwhile
+                return 0
+            self.publish(producer, records, group, batch_id, where)
+            return len(records)
+
         try:
-            producer = self.transactional_producer(KafkaTransactionalId(self.sink_id))
-            if self.marker(group)[0] > batch_id:  # published while this producer was starting
-                return CommitOutcome.ALREADY_COMMITTED
-            self.publish(producer, Records(keys, values), group, batch_id, where)
-        except (KafkaException, OncekitError):
+            published = self.commit_with_fencing(KafkaTransactionalId(self.sink_id), where, attempt)
+        except OncekitError:
             # Two notifications for one batch fence each other; the one that wins publishes it.
             if self._wait_for_marker(group, batch_id):
                 return CommitOutcome.ALREADY_COMMITTED
             raise
-        return CommitOutcome.COMMITTED
+        return CommitOutcome.COMMITTED if published or not records else CommitOutcome.ALREADY_COMMITTED
 
     def _wait_for_marker(self, group: MarkerGroup, batch_id: int, timeout_s: float = 60.0) -> bool:
         deadline = time.monotonic() + timeout_s
