@@ -61,12 +61,12 @@ class CheckpointEngine:
 
     # -- task side ---------------------------------------------------------------------------
 
-    def write_task(self, task: TaskInfo, batches: Iterator[pa.RecordBatch]) -> Committable | None:
+    def write_task(self, task: TaskInfo, batches: Iterator[pa.RecordBatch]) -> list[Committable]:
         """Task: write one partition of one batch through the sink, with the task crash points."""
         crash_point("task_before_write", task.batch_id, task.partition_id)
-        committable = self.sink.write_partition(task, batches)
+        committables = self.sink.write_partition(task, batches)
         crash_point("task_after_pre_commit", task.batch_id, task.partition_id)
-        return committable
+        return committables
 
     # -- driver side -------------------------------------------------------------------------
 
@@ -77,16 +77,16 @@ class CheckpointEngine:
         self.journal.write(batch_id, committables)
         logger.info("sink %s batch %s: journaled %s committables", self.sink.sink_id, batch_id, len(committables))
         crash_point("driver_after_journal", batch_id)
-        kept = {c.name for c in committables}
-        lost = [c for c in self.sink.leftovers([batch_id]) if c.name not in kept]
+        kept = {c.key for c in committables}
+        lost = [c for c in self.sink.leftovers([batch_id]) if c.key not in kept]
         if lost:
             self.sink.abort_batch(batch_id, lost)
 
     def abort(self, batch_id: int, committables: Sequence[Committable]) -> None:
         """Driver, in the stream writer's abort: Spark gave up on ``batch_id``."""
         leftovers = self.sink.leftovers([batch_id])
-        known = {c.name for c in committables}
-        self.sink.abort_batch(batch_id, [*committables, *(c for c in leftovers if c.name not in known)])
+        known = {c.key for c in committables}
+        self.sink.abort_batch(batch_id, [*committables, *(c for c in leftovers if c.key not in known)])
 
     def complete(self, up_to: int | None = None) -> list[int]:
         """Checkpoint-complete notification: commit every journaled, not yet committed batch
@@ -115,13 +115,13 @@ class CheckpointEngine:
         completed = self.spark_log.completed()
         latest = self.spark_log.latest_planned()
         journaled, done = self.journal.entries()
-        named: set[str] = set()
+        named: set[tuple[str, str]] = set()
         for batch_id in sorted(journaled - done):
             committables = self.journal.read(batch_id)
             if batch_id in completed:
                 self._commit(batch_id, committables)
                 report.committed_batches.append(batch_id)
-                named.update(c.name for c in committables)
+                named.update(c.key for c in committables)
             else:
                 logger.warning("sink %s batch %s: checkpoint never completed; aborting %s committables",
                                self.sink.sink_id, batch_id, len(committables))
@@ -130,7 +130,7 @@ class CheckpointEngine:
                 report.aborted_batches.append(batch_id)
         orphans = [
             c for c in self.sink.leftovers()
-            if c.name not in named and not (c.batch_id == latest and c.batch_id not in completed)
+            if c.key not in named and not (c.batch_id == latest and c.batch_id not in completed)
         ]
         for batch_id in sorted({c.batch_id for c in orphans}):
             lost = [c for c in orphans if c.batch_id == batch_id]

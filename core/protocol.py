@@ -102,8 +102,13 @@ class Committable:
 
     @property
     def name(self) -> str:
-        """What the committable holds open in the target or the checkpoint: its identity."""
+        """What the committable holds open in the target or the checkpoint."""
         return self.transaction_id or self.staged_file or ""
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """Its identity among the committables of every sink of a query: (sink, name)."""
+        return self.sink_id, self.name
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -128,8 +133,9 @@ class Sink(ABC):
         ConfigError that says what to fix. The default checks nothing."""
 
     @abstractmethod
-    def write_partition(self, task: TaskInfo, batches: Iterator[pa.RecordBatch]) -> Committable | None:
-        """Task: write one partition of one batch; return what the driver must journal, if anything."""
+    def write_partition(self, task: TaskInfo, batches: Iterator[pa.RecordBatch]) -> list[Committable]:
+        """Task: write one partition of one batch; return what the driver must journal (nothing
+        for protocols that commit in the task; several for a sink that fans out)."""
 
     def commit_batch(self, batch_id: int, committables: Sequence[Committable]) -> None:
         """Driver (or listener): make a completed checkpoint's output visible. Idempotent."""
@@ -186,7 +192,7 @@ class TwoPhaseCommitSink(Sink, Generic[TxnT]):
         """Recovery: abort what belongs to a checkpoint that never completed."""
         return self.abort(committable)
 
-    def write_partition(self, task: TaskInfo, batches: Iterator[pa.RecordBatch]) -> Committable:
+    def write_partition(self, task: TaskInfo, batches: Iterator[pa.RecordBatch]) -> list[Committable]:
         transaction = self.begin_transaction(task)
         try:
             for batch in batches:
@@ -194,7 +200,7 @@ class TwoPhaseCommitSink(Sink, Generic[TxnT]):
         except BaseException:
             self.abort_open(transaction)
             raise
-        return self.pre_commit(transaction)
+        return [self.pre_commit(transaction)]
 
     def commit_batch(self, batch_id: int, committables: Sequence[Committable]) -> None:
         for index, committable in enumerate(committables):
@@ -233,8 +239,9 @@ class WriteAheadSink(Sink):
                 crash_point("mid_commit", batch_id)
             yield committable, self.staged.read(committable)
 
-    def write_partition(self, task: TaskInfo, batches: Iterator[pa.RecordBatch]) -> Committable | None:
-        return self.staged.stage(task, batches)
+    def write_partition(self, task: TaskInfo, batches: Iterator[pa.RecordBatch]) -> list[Committable]:
+        staged = self.staged.stage(task, batches)
+        return [] if staged is None else [staged]
 
     def commit_batch(self, batch_id: int, committables: Sequence[Committable]) -> None:
         outcome = self.send_values(batch_id, committables) if committables else CommitOutcome.ALREADY_COMMITTED
@@ -259,9 +266,9 @@ class IdempotentSink(Sink):
     def upsert(self, task: TaskInfo, batches: Iterator[pa.RecordBatch]) -> int:
         """Task: write and commit the partition; return the number of rows written."""
 
-    def write_partition(self, task: TaskInfo, batches: Iterator[pa.RecordBatch]) -> Committable | None:
+    def write_partition(self, task: TaskInfo, batches: Iterator[pa.RecordBatch]) -> list[Committable]:
         self.upsert(task, batches)
-        return None
+        return []
 
 
 class TaskCommitSink(Sink):
@@ -275,9 +282,9 @@ class TaskCommitSink(Sink):
         """Task: write the partition and its batch marker in one transaction and commit it, or
         write nothing when the marker shows the batch committed; return the rows written."""
 
-    def write_partition(self, task: TaskInfo, batches: Iterator[pa.RecordBatch]) -> Committable | None:
+    def write_partition(self, task: TaskInfo, batches: Iterator[pa.RecordBatch]) -> list[Committable]:
         self.commit_task(task, batches)
-        return None
+        return []
 
 
 class AtLeastOnceSink(Sink):
@@ -290,9 +297,9 @@ class AtLeastOnceSink(Sink):
     def append(self, task: TaskInfo, batches: Iterator[pa.RecordBatch]) -> int:
         """Task: write and commit (or flush) the partition; return the number of rows written."""
 
-    def write_partition(self, task: TaskInfo, batches: Iterator[pa.RecordBatch]) -> Committable | None:
+    def write_partition(self, task: TaskInfo, batches: Iterator[pa.RecordBatch]) -> list[Committable]:
         self.append(task, batches)
-        return None
+        return []
 
 
 class SinkConfig(ABC):

@@ -2,30 +2,17 @@
 
 from __future__ import annotations
 
-from pyspark.sql.datasource import DataSource, DataSourceStreamWriter
-from pyspark.sql.types import StructType
-
-from oncekit.core.spark.writer import stream_writer
+from oncekit.core.spark.writer import SinkDataSource
 from oncekit.sinks.kafka.config import KafkaSinkConfig
 from oncekit.sinks.postgres.config import PostgresSinkConfig
 
 
-class PostgresDataSource(DataSource):
-    @classmethod
-    def name(cls) -> str:
-        return PostgresSinkConfig.format_name
-
-    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
-        return stream_writer(PostgresSinkConfig, dict(self.options), schema)
+class PostgresDataSource(SinkDataSource):
+    config_type = PostgresSinkConfig
 
 
-class KafkaSinkDataSource(DataSource):
-    @classmethod
-    def name(cls) -> str:
-        return KafkaSinkConfig.format_name
-
-    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
-        return stream_writer(KafkaSinkConfig, dict(self.options), schema)
+class KafkaSinkDataSource(SinkDataSource):
+    config_type = KafkaSinkConfig
 
 
-DATA_SOURCES: tuple[type[DataSource], ...] = (PostgresDataSource, KafkaSinkDataSource)
+DATA_SOURCES: tuple[type[SinkDataSource], ...] = (PostgresDataSource, KafkaSinkDataSource)

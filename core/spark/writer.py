@@ -11,18 +11,19 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pyspark import TaskContext
-from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
+from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, DataSourceStreamWriter, WriterCommitMessage
+from pyspark.sql.types import StructType
 
-from oncekit.core.protocol import Committable, SinkConfig, TaskInfo
 from oncekit.core.engine import CheckpointEngine
 from oncekit.core.errors import ConfigError
+from oncekit.core.fanout import FanOutConfig
+from oncekit.core.protocol import Committable, SinkConfig, TaskInfo
 
 if TYPE_CHECKING:
     import pyarrow as pa
-    from pyspark.sql.types import StructType
 
 
 logger = logging.getLogger(__name__)
@@ -34,10 +35,10 @@ _preflighted: set[tuple[str, str]] = set()
 
 
 class EngineCommitMessage(WriterCommitMessage):
-    """What a task hands to the driver: its committable, or None when there is nothing to commit."""
+    """What a task hands to the driver: its committables (none when there is nothing to commit)."""
 
-    def __init__(self, committable: Committable | None) -> None:
-        self.committable = committable
+    def __init__(self, committables: list[Committable]) -> None:
+        self.committables = committables
 
 
 def checkpoint_of(options: dict[str, str], sink: str) -> str:
@@ -90,10 +91,25 @@ class EngineStreamWriter(DataSourceStreamArrowWriter):
 
 
 def _committables(messages: list[Any]) -> list[Committable]:
-    return [m.committable for m in messages if isinstance(m, EngineCommitMessage) and m.committable is not None]
+    return [c for m in messages if isinstance(m, EngineCommitMessage) for c in m.committables]
 
 
-def stream_writer(config_type: type[SinkConfig], options: dict[str, str], schema: StructType) -> EngineStreamWriter:
-    """What a sink's DataSource.streamWriter returns."""
-    config = config_type.from_options(options, tuple(schema.fieldNames()))
-    return EngineStreamWriter(config, checkpoint_of(options, config_type.format_name))
+class SinkDataSource(DataSource):
+    """The Spark data source of one sink configuration type: ``format(config_type.format_name)``.
+    A sink package declares one subclass with its ``config_type``."""
+
+    config_type: ClassVar[type[SinkConfig]]
+
+    @classmethod
+    def name(cls) -> str:
+        return cls.config_type.format_name
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        config = self.config_type.from_options(dict(self.options), tuple(schema.fieldNames()))
+        return EngineStreamWriter(config, checkpoint_of(dict(self.options), self.config_type.format_name))
+
+
+class FanOutDataSource(SinkDataSource):
+    """``format("oncekit-fanout")``: one query into many sinks (:mod:`oncekit.core.fanout`)."""
+
+    config_type = FanOutConfig

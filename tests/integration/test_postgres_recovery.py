@@ -10,7 +10,8 @@ import psycopg
 import pyarrow as pa
 import pytest
 
-from oncekit.core.protocol import CommitError, TaskInfo
+from oncekit.core.errors import CommitError
+from oncekit.core.protocol import TaskInfo
 from oncekit.core.engine import CheckpointEngine
 from oncekit.sinks.postgres import BadRecordError, postgres_sink
 

@@ -61,8 +61,7 @@ def spark_logged(checkpoint: Path, folder: str, *batch_ids: int) -> None:
 
 
 def prepare(engine: CheckpointEngine, batch_id: int, partition: int, attempt: int = 0) -> Committable:
-    committable = engine.write_task(TaskInfo("memory", batch_id, partition, attempt), iter(()))
-    assert committable is not None
+    (committable,) = engine.write_task(TaskInfo("memory", batch_id, partition, attempt), iter(()))
     return committable
 
 

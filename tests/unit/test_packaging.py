@@ -28,5 +28,5 @@ def test_wheel_holds_only_oncekit_packages(tmp_path: Path) -> None:
                         "oncekit/sinks/postgres", "oncekit/sinks/kafka", "oncekit/connectors",
                         "oncekit/connectors/services", "oncekit/verify", "oncekit/reference"}
     assert "oncekit/py.typed" in names
-    assert "oncekit/pipeline.toml" in names  # the pipeline's default config, read at run time
+    assert "oncekit/reference/pipeline.toml" in names  # the pipeline's default config, read at run time
     assert not [n for n in names if "tests" in n or "docker" in n.split("/")[1:2] or n.endswith((".yml", ".sh", ".xml"))]

@@ -1,0 +1,175 @@
+"""One checkpoint, many sinks: one query's output routed by a column to several sinks of any
+protocol, as a Flink job has one checkpoint across all its sinks.
+
+Spark writes a query to one sink, so without this a job with N outputs runs N queries, each
+reading its source and computing its state again. Here one stream writer takes every row; a row
+goes to the target its ``route_column`` names, with that target's columns. The commit sequence
+of batch N:
+
+1. Each task writes its partition to every target by that target's protocol (pre-commit for
+   two-phase commit, stage for the write-ahead log, commit with a marker for the task-commit
+   and idempotent protocols) and returns the committables of all targets.
+2. The driver journals them in ONE journal entry (the fan-out's), before Spark logs batch N.
+3. Checkpoint-complete commits each target's committables by its own protocol, target after
+   target; recovery commits or aborts per target as for a single sink.
+
+Exactly-once holds per target. Visibility across targets is not atomic (as in Flink): after a
+crash between two targets' commits, one target shows batch N before the other does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import logging
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from oncekit.core.crash import crash_point
+from oncekit.core.errors import ConfigError
+from oncekit.core.protocol import Committable, DeliveryGuarantee, Sink, SinkConfig, TaskInfo
+
+logger = logging.getLogger(__name__)
+
+FORMAT = "oncekit-fanout"
+
+
+@dataclass(frozen=True)
+class FanOutConfig(SinkConfig):
+    """``targets`` maps each route value to a sink configuration whose ``columns`` name what the
+    target gets (its config's ``columns`` field; every column but the route column when empty).
+    Build it with :func:`fan_out`."""
+
+    format_name: ClassVar[str] = FORMAT
+
+    targets: Mapping[str, SinkConfig]
+    route_column: str = "target"
+    sink_id: str = ""
+    protocol: str = "fan-out"
+    columns: tuple[str, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if not self.targets:
+            raise ConfigError(f"{FORMAT}: give at least one target")
+        ids = [config.sink_id for config in self.targets.values()]
+        if len(set(ids)) != len(ids):
+            raise ConfigError(f"{FORMAT}: target sink ids must differ (they name transactions and journals); got {ids}")
+        # A default id from the targets' ids: the same targets give the same journal folder.
+        digest = hashlib.sha1(",".join(sorted(ids)).encode()).hexdigest()[:12]
+        self._check_common(("fan-out",), ",".join(self.targets), f"fanout-{digest}")
+        if self.columns and self.route_column not in self.columns:
+            raise ConfigError(f"{FORMAT} sink {self.sink_id}: the stream has no route column {self.route_column!r}; "
+                              f"it has {', '.join(self.columns)}")
+
+    def __repr__(self) -> str:
+        return f"FanOutConfig(sink_id={self.sink_id!r}, route_column={self.route_column!r}, targets={dict(self.targets)!r})"
+
+    @property
+    def guarantee(self) -> DeliveryGuarantee:
+        guarantees = {config.guarantee for config in self.targets.values()}
+        return DeliveryGuarantee.EXACTLY_ONCE if guarantees == {DeliveryGuarantee.EXACTLY_ONCE} else DeliveryGuarantee.AT_LEAST_ONCE
+
+    def target_columns(self, route: str) -> tuple[str, ...]:
+        declared = tuple(getattr(self.targets[route], "columns", ()) or ())
+        return declared or tuple(c for c in self.columns if c != self.route_column)
+
+    def to_options(self) -> dict[str, str]:
+        targets = [
+            {"route": route, "config": f"{type(config).__module__}:{type(config).__qualname__}",
+             "options": config.to_options(), "columns": list(self.target_columns(route))}
+            for route, config in self.targets.items()
+        ]
+        return {"targets": json.dumps(targets), "routecolumn": self.route_column, "sinkid": self.sink_id}
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str], columns: tuple[str, ...]) -> FanOutConfig:
+        get = {k.lower(): v for k, v in options.items()}.get
+        targets: dict[str, SinkConfig] = {}
+        for target in json.loads(get("targets") or "[]"):
+            module, _, name = target["config"].partition(":")
+            config_type = getattr(importlib.import_module(module), name)
+            targets[target["route"]] = config_type.from_options(target["options"], tuple(target["columns"]))
+        return cls(targets=targets, route_column=get("routecolumn", "target"), sink_id=get("sinkid", ""), columns=columns)
+
+    @classmethod
+    def data_source(cls) -> type:
+        from oncekit.core.spark.writer import FanOutDataSource
+
+        return FanOutDataSource
+
+    def build(self, checkpoint: str) -> Sink:
+        return FanOutSink(self, {route: config.build(checkpoint) for route, config in self.targets.items()})
+
+
+def fan_out(targets: Mapping[str, SinkConfig], route_column: str = "target", sink_id: str = "") -> FanOutConfig:
+    """The typed builder: ``fan_out({"balances": postgres_sink(...), "updates": kafka_sink(...)})``
+    for a stream whose ``route_column`` holds "balances" or "updates" in each row."""
+    return FanOutConfig(targets=dict(targets), route_column=route_column, sink_id=sink_id)
+
+
+class FanOutSink(Sink):
+    """The engine's one sink for a fan-out query; it delegates to each target's protocol."""
+
+    protocol = "fan-out"
+
+    def __init__(self, config: FanOutConfig, targets: Mapping[str, Sink]) -> None:
+        self.config, self.sink_id, self.targets = config, config.sink_id, dict(targets)
+        self._by_sink_id = {sink.sink_id: sink for sink in self.targets.values()}
+
+    def preflight(self) -> None:
+        for sink in self.targets.values():
+            sink.preflight()
+
+    def write_partition(self, task: TaskInfo, batches: Iterator[pa.RecordBatch]) -> list[Committable]:
+        """Task: split the partition by route (in Arrow) and write each part by its target's
+        protocol; a route value that names no target fails the task before anything is written."""
+        held = [batch for batch in batches if batch.num_rows]
+        routes = pa.concat_arrays([b.column(b.schema.get_field_index(self.config.route_column)) for b in held]) \
+            if held else pa.array([], pa.string())
+        unknown = pc.unique(pc.filter(routes, pc.invert(pc.is_in(routes, pa.array(list(self.targets)))))).to_pylist()
+        if unknown or routes.null_count:
+            raise ConfigError(f"{FORMAT} sink {self.sink_id} batch {task.batch_id} partition {task.partition_id}: "
+                              f"rows routed to {unknown or [None]} by column {self.config.route_column}, which names "
+                              f"no target; targets are {', '.join(self.targets)}")
+        committables: list[Committable] = []
+        for route, sink in self.targets.items():
+            columns = list(self.config.target_columns(route))
+            parts = (b.filter(pc.equal(b.column(self.config.route_column), route)).select(columns) for b in held)
+            target_task = TaskInfo(sink.sink_id, task.batch_id, task.partition_id, task.attempt)
+            committables.extend(sink.write_partition(target_task, (p for p in parts if p.num_rows)))
+        return committables
+
+    def _by_target(self, committables: Sequence[Committable]) -> Iterator[tuple[Sink, list[Committable]]]:
+        for sink in self.targets.values():
+            yield sink, [c for c in committables if c.sink_id == sink.sink_id]
+
+    def commit_batch(self, batch_id: int, committables: Sequence[Committable]) -> None:
+        """Driver: each target commits its part by its own protocol, in the targets' order; a
+        target whose protocol committed in the task still hears of the batch (it does nothing)."""
+        for index, (sink, part) in enumerate(self._by_target(committables)):
+            if index:
+                crash_point("mid_commit", batch_id)
+            sink.commit_batch(batch_id, part)
+
+    def abort_batch(self, batch_id: int, committables: Sequence[Committable]) -> None:
+        for sink, part in self._by_target(committables):
+            if part:
+                sink.abort_batch(batch_id, part)
+
+    def leftovers(self, batch_ids: Iterable[int] | None = None) -> list[Committable]:
+        wanted = None if batch_ids is None else list(batch_ids)
+        return [c for sink in self.targets.values() for c in sink.leftovers(wanted)]
+
+    def close(self) -> None:
+        for sink in self.targets.values():
+            sink.close()
+
+
+def describe(config: FanOutConfig) -> dict[str, Any]:
+    """For logs and status pages: the targets with their protocols (no secrets)."""
+    return {route: {"sink_id": c.sink_id, "protocol": c.protocol} for route, c in config.targets.items()}
