@@ -1,16 +1,17 @@
 """The Kafka-to-PostgreSQL reference pipeline: payments in, balances, per-minute totals, late
-events, dead letters and balance updates out, each exactly once.
+events, dead letters and balance updates out, each exactly once, from ONE Spark query.
 
-The data flow, with one Spark query per sink (Spark writes each query to one sink), all reading
-the ``payments`` topic through the kit's source, each with its own checkpoint under
-``<checkpoint>/<query>``:
+One query reads the ``payments`` topic once per batch through the kit's source, parses it, and
+writes every output through one fan-out sink (:mod:`oncekit.core.fanout`) with one checkpoint
+under ``<checkpoint>/pipeline``; each row carries the name of its target:
 
 - ``dead_letters``: records that are not a payment (not JSON, a field missing or of the wrong
   type) with the reason, into PostgreSQL (idempotent, keyed by Kafka partition and offset).
-- ``balances``: well-formed payments through :class:`~oncekit.reference.processor.PaymentProcessor`
-  (transformWithState, keyed by account), each account's running balance into PostgreSQL with
-  two-phase commit.
-- ``balance_updates``: the same balance rows into a Kafka topic, with Kafka transactions.
+- ``balances``: well-formed payments, deduplicated by event id in the JVM (Spark's
+  ``dropDuplicatesWithinWatermark`` on the Kafka record time, ``dedup_ttl_s``), through
+  :class:`~oncekit.reference.processor.PaymentProcessor` (transformWithState, keyed by account):
+  each account's running balance into PostgreSQL with two-phase commit ...
+- ``balance_updates``: ... and the same balance rows into a Kafka topic, with Kafka transactions.
 - ``minute_totals``: per account and event-time minute, the total of on-time payments into
   PostgreSQL (idempotent or write-ahead log, keyed by account and minute).
 - ``late_events``: the side output, payments older than the account's watermark.
@@ -38,6 +39,7 @@ from oncekit.connectors.postgres import connect
 from oncekit.core import savepoint as savepoints
 from oncekit.core.errors import ConfigError, PipelineError
 from oncekit.core.restart import supervise
+from oncekit.core.fanout import FanOutConfig, fan_out
 from oncekit.core.savepoint import Savepoint
 from oncekit.reference import outputs
 from oncekit.reference.config import PipelineConfig
@@ -55,7 +57,8 @@ __all__ = ["QUERIES", "PipelineError", "QuerySpec", "ReferencePipeline"]
 
 logger = logging.getLogger(__name__)
 
-QUERIES = ("dead_letters", "balances", "balance_updates", "minute_totals", "late_events")
+QUERIES = ("pipeline",)
+TARGETS = ("dead_letters", "balances", "balance_updates", "minute_totals", "late_events")
 
 
 @dataclass(frozen=True)
@@ -73,13 +76,13 @@ class QuerySpec:
 
     def fingerprint(self) -> str:
         """A hash of what must not change between a savepoint and its restore: the query's
-        name, its sink (format, id, protocol, target, keys; not the addresses) and operators,
-        and its output schema."""
-        options = self.sink.to_options()
+        name, its sinks (format, id, protocol, target, keys of each; not the addresses) and
+        operators, and its output schema."""
+        sinks = list(self.sink.targets.values()) if isinstance(self.sink, FanOutConfig) else [self.sink]
         identity = {
             "query": self.name,
-            "sink": [self.sink.format_name, self.sink.sink_id, options.get("protocol"), options.get("table") or
-                     options.get("topic"), options.get("keycolumns", "")],
+            "sinks": [[s.format_name, s.sink_id, o.get("protocol"), o.get("table") or o.get("topic"), o.get("keycolumns", "")]
+                      for s, o in ((s, s.to_options()) for s in sinks)],
             "operators": list(self.operators),
             "schema": self.frame.schema.simpleString(),
         }
@@ -148,71 +151,87 @@ class ReferencePipeline:
         ]
         problems = F.concat_ws("; ", *[F.when(bad, F.lit(reason)) for bad, reason in checks])
         return (raw.select(F.col("partition").alias("kafka_partition"), F.col("offset").alias("kafka_offset"),
-                           text.alias("raw"), fields.alias("fields"))
-                .select("kafka_partition", "kafka_offset", "raw", "fields",
+                           F.col("timestamp").alias("kafka_ts"), text.alias("raw"), fields.alias("fields"))
+                .select("kafka_partition", "kafka_offset", "kafka_ts", "raw", "fields",
                         F.when(F.col("fields").isNull(), F.lit("not a JSON object"))
                          .when(problems != "", problems).alias("reason"))
-                .select("kafka_partition", "kafka_offset", "raw", "reason",
+                .select("kafka_partition", "kafka_offset", "kafka_ts", "raw", "reason",
                         F.col("fields")["event_id"].alias("event_id"),
                         F.expr("try_cast(fields['account_id'] AS bigint)").alias("account_id"),
                         F.expr("try_cast(fields['amount_cents'] AS bigint)").alias("amount_cents"),
                         F.expr("unix_millis(try_cast(fields['event_time'] AS timestamp))").alias("event_ms")))
 
-    def processed(self, spark: SparkSession) -> DataFrame:
-        """Well-formed payments through :class:`~oncekit.reference.processor.PaymentProcessor`: rows
-        of kind ``balance``, ``total`` and ``late`` (schema ``PROCESSED_SCHEMA``).
+    def processed(self, parsed: DataFrame) -> DataFrame:
+        """Well-formed payments, each event id once, through
+        :class:`~oncekit.reference.processor.PaymentProcessor`: rows of kind ``balance``, ``total``
+        and ``late`` (schema ``PROCESSED_SCHEMA``).
 
+        Duplicates are dropped in the JVM before the processor, so the processor makes no state
+        call per event. Their watermark runs on the Kafka record time, which the log fixes: an
+        upstream duplicate arrives within ``dedup_ttl_s`` of the first copy and is dropped
+        whatever the batch boundaries, and a payment late by event time is not late here.
         The processor runs in Append mode (the kit's sinks take appends): each row it emits is a
         fact of its batch, and the sinks turn balance and total rows into upserts by key."""
         from oncekit.reference.processor import PROCESSED_SCHEMA, PaymentProcessor
 
         run = self.config.pipeline
-        processor = PaymentProcessor(run.dedup_ttl_s * 1000, run.allowed_lateness_s * 1000)
-        payments = (self.parsed(spark).where("reason IS NULL")
+        payments = (parsed.where("reason IS NULL")
+                    .withWatermark("kafka_ts", f"{run.dedup_ttl_s} seconds")
+                    .dropDuplicatesWithinWatermark(["event_id"])
                     .select("account_id", "event_id", "amount_cents", "event_ms", "kafka_partition", "kafka_offset"))
         return payments.groupBy("account_id").transformWithState(
-            statefulProcessor=processor, outputStructType=PROCESSED_SCHEMA, outputMode="Append",
-            timeMode="ProcessingTime")  # processing time: the dedup state's TTL
+            statefulProcessor=PaymentProcessor(run.allowed_lateness_s * 1000), outputStructType=PROCESSED_SCHEMA,
+            outputMode="Append", timeMode="None")
 
-    def queries(self, spark: SparkSession) -> list[QuerySpec]:
-        """The five queries, in the order they start. Sink ids derive from the target tables and
-        topic (``pg-balances``...): they name prepared transactions and markers in the database,
-        so two pipelines sharing a database must write different tables."""
+    def routed(self, spark: SparkSession) -> DataFrame:
+        """Every output row of one batch in one frame, with the name of its target in ``target``
+        and the union of the targets' columns (each target takes its own; the rest are NULL).
+        A balance row goes to two targets: the table and the topic."""
         from pyspark.sql import functions as F
 
+        parsed = self.parsed(spark)
+        dead = parsed.where("reason IS NOT NULL").select(
+            F.lit("dead_letters").alias("target"), "kafka_partition", "kafka_offset", "raw", "reason")
+        facts = self.processed(parsed.where("reason IS NULL")).select(
+            F.explode(F.when(F.col("kind") == "balance", F.array(F.lit("balances"), F.lit("balance_updates")))
+                      .when(F.col("kind") == "total", F.array(F.lit("minute_totals")))
+                      .otherwise(F.array(F.lit("late_events")))).alias("target"),
+            "account_id", "balance_cents", "events", F.timestamp_millis("minute_ms").alias("minute"), "total_cents",
+            "event_id", "amount_cents", F.timestamp_millis("event_ms").alias("event_time"),
+            F.timestamp_millis("watermark_ms").alias("watermark"),
+            F.col("account_id").cast("string").alias("key"),
+            F.to_json(F.struct("account_id", "balance_cents", "events")).alias("value"))
+        return facts.unionByName(dead, allowMissingColumns=True)
+
+    def sink(self) -> FanOutConfig:
+        """The fan-out to the five targets. Sink ids derive from the target tables and topic
+        (``pg-balances``...): they name prepared transactions and markers in the database, so two
+        pipelines sharing a database must write different tables."""
+        tables, guarantees = self.config.tables, self.config.guarantees
+        return fan_out({
+            "dead_letters": postgres_sink(self.dsn, tables.dead_letters, "idempotent", columns=(
+                "kafka_partition", "kafka_offset", "raw", "reason"),
+                key_columns=("kafka_partition", "kafka_offset"), on_conflict="nothing"),
+            "balances": postgres_sink(self.dsn, tables.balances, guarantees.balances, key_columns=("account_id",),
+                                      columns=("account_id", "balance_cents", "events")),
+            "balance_updates": kafka_sink(self.bootstrap, self.config.topics.balance_updates, guarantees.balance_updates,
+                                          partitions=self.config.topics.partitions, columns=("key", "value")),
+            "minute_totals": postgres_sink(self.dsn, tables.minute_totals, guarantees.minute_totals,
+                                           key_columns=("account_id", "minute"),
+                                           columns=("account_id", "minute", "total_cents", "events")),
+            "late_events": postgres_sink(self.dsn, tables.late_events, "idempotent", key_columns=("event_id",),
+                                         on_conflict="nothing",
+                                         columns=("event_id", "account_id", "amount_cents", "event_time", "watermark")),
+        })
+
+    def queries(self, spark: SparkSession) -> list[QuerySpec]:
+        """The pipeline's one query (a list, so that savepoints and fingerprints stay general)."""
         from oncekit.reference.processor import PROCESSOR_VERSION
 
-        tables, guarantees = self.config.tables, self.config.guarantees
-        processor = (f"transformWithState:PaymentProcessor:v{PROCESSOR_VERSION}:"
-                     f"lateness={self.config.pipeline.allowed_lateness_s}")
-        balances = self.processed(spark).where("kind = 'balance'").select("account_id", "balance_cents", "events")
-        return [
-            QuerySpec("dead_letters",
-                      self.parsed(spark).where("reason IS NOT NULL").select("kafka_partition", "kafka_offset", "raw", "reason"),
-                      postgres_sink(self.dsn, tables.dead_letters, "idempotent", key_columns=("kafka_partition", "kafka_offset"), on_conflict="nothing"),
-                      "append", ("parse",)),
-            QuerySpec("balances", balances,
-                      postgres_sink(self.dsn, tables.balances, guarantees.balances, key_columns=("account_id",)),
-                      "append", ("parse", processor)),
-            QuerySpec("balance_updates",
-                      self.processed(spark).where("kind = 'balance'").select(
-                          F.col("account_id").cast("string").alias("key"),
-                          F.to_json(F.struct("account_id", "balance_cents", "events")).alias("value")),
-                      kafka_sink(self.bootstrap, self.config.topics.balance_updates, guarantees.balance_updates,
-                                 partitions=self.config.topics.partitions),
-                      "append", ("parse", processor)),
-            QuerySpec("minute_totals",
-                      self.processed(spark).where("kind = 'total'").select(
-                          "account_id", F.timestamp_millis("minute_ms").alias("minute"), "total_cents", "events"),
-                      postgres_sink(self.dsn, tables.minute_totals, guarantees.minute_totals, key_columns=("account_id", "minute")),
-                      "append", ("parse", processor)),
-            QuerySpec("late_events",
-                      self.processed(spark).where("kind = 'late'").select(
-                          "event_id", "account_id", "amount_cents", F.timestamp_millis("event_ms").alias("event_time"),
-                          F.timestamp_millis("watermark_ms").alias("watermark")),
-                      postgres_sink(self.dsn, tables.late_events, "idempotent", key_columns=("event_id",), on_conflict="nothing"),
-                      "append", ("parse", processor)),
-        ]
+        run = self.config.pipeline
+        operators = ("parse", f"dropDuplicatesWithinWatermark:event_id:kafka_ts:ttl={run.dedup_ttl_s}",
+                     f"transformWithState:PaymentProcessor:v{PROCESSOR_VERSION}:lateness={run.allowed_lateness_s}")
+        return [QuerySpec("pipeline", self.routed(spark), self.sink(), "append", operators)]
 
     def fingerprints(self, spark: SparkSession) -> dict[str, dict[str, str]]:
         """Per query: its sink id and fingerprint (what a savepoint records and a restore checks)."""
@@ -225,9 +244,8 @@ class ReferencePipeline:
         from oncekit.core.spark.query import start_query
 
         run = self.config.pipeline
-        # The processor's processing-time mode (for the TTL) makes Spark run a batch without data
-        # after every batch, forever, and an availableNow query would never finish; expired ids
-        # are dropped in the next batch with data instead.
+        # A batch without data only moves the dedup watermark (state eviction); the next batch
+        # with data does that as well, and each saved batch is one fewer commit in every target.
         # Each query copies the session's settings when it starts, so the session is left as it was.
         no_data = "spark.sql.streaming.noDataMicroBatches.enabled"
         previous = spark.conf.get(no_data)
@@ -318,6 +336,6 @@ class ReferencePipeline:
 
     def progress(self) -> dict[str, int]:
         """What the checkpoints and the server say right now (:func:`oncekit.reference.outputs.progress`):
-        committed batches over all queries, payments records consumed by committed batches of the
-        balances query, and prepared transactions waiting in PostgreSQL."""
-        return outputs.progress(self.checkpoint, QUERIES, "balances", self.dsn)
+        committed batches, payments records consumed by committed batches, and prepared
+        transactions waiting in PostgreSQL."""
+        return outputs.progress(self.checkpoint, QUERIES, "pipeline", self.dsn)

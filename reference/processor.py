@@ -1,16 +1,17 @@
 """The reference pipeline's stateful step: :class:`PaymentProcessor`, Spark's transformWithState
 keyed by account. Runs in Spark's Python workers; importing this module imports pyspark.
 
-Why one processor keyed by account does dedup, balance and event time, rather than Spark's
-``dropDuplicates`` plus a windowed aggregation: the producer keys payments by account, so an
-account's events sit in one Kafka partition in a fixed order. The processor takes each batch's
-rows of an account in offset order, so which events are duplicates and which are late is a
-pure function of the log, the same whatever the batch boundaries and however often a batch is
-replayed. Spark's global watermark moves per batch, and its windowed aggregation drops late
-rows without a side output. Here the watermark is per account (newest event time seen minus
-``allowed_lateness_s``), like Flink's per-partition watermarks; a minute whose end is behind it
-is final and leaves the state. Seen event ids live in a MapState with a processing-time TTL
-(``dedup_ttl_s``); the balance and the account's clock in ValueStates.
+Why one processor keyed by account does balance and event time, rather than a windowed
+aggregation: the producer keys payments by account, so an account's events sit in one Kafka
+partition in a fixed order. The processor takes each batch's rows of an account in offset
+order, so which events are late is a pure function of the log, the same whatever the batch
+boundaries and however often a batch is replayed. Spark's global watermark moves per batch, and
+its windowed aggregation drops late rows without a side output. Here the watermark is per
+account (newest event time seen minus ``allowed_lateness_s``), like Flink's per-partition
+watermarks; a minute whose end is behind it is final and leaves the state. Duplicates are
+dropped before, in the JVM (see :meth:`ReferencePipeline.processed`), so the processor reads and
+writes its state once per account and batch (balance and clock in ValueStates, open minutes in
+a MapState), never once per event.
 
 Balances count every unique well-formed payment, late ones included (money is money); only
 the per-minute totals leave late payments out, and the side output lists them.
@@ -24,7 +25,7 @@ from typing import Any
 from pyspark.sql import Row
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle, TimerValues
 
-PROCESSOR_VERSION = 1
+PROCESSOR_VERSION = 2
 """Part of every query's fingerprint: bump it when the processor's state layout changes, so
 that restoring an old savepoint is refused instead of misreading state."""
 
@@ -36,18 +37,17 @@ PROCESSED_SCHEMA = (
 
 
 class PaymentProcessor(StatefulProcessor):
-    """Keyed by account. Per batch, in Kafka offset order: drop event ids seen before
-    (MapState with TTL), add the rest to the balance (ValueState), and split them into
+    """Keyed by account. Per batch, in Kafka offset order: add each payment to the balance
+    (ValueState), and split them into
     on-time (added to their minute's total, MapState) and late (older than the account's
     watermark, emitted as ``late``). Emits one ``balance`` row per account and one ``total``
     row per minute touched in the batch; minutes the watermark has passed are final and
     evicted. Runs in Spark's Python workers; every decision depends only on the log order."""
 
-    def __init__(self, dedup_ttl_ms: int, allowed_lateness_ms: int) -> None:
-        self.dedup_ttl_ms, self.allowed_lateness_ms = dedup_ttl_ms, allowed_lateness_ms
+    def __init__(self, allowed_lateness_ms: int) -> None:
+        self.allowed_lateness_ms = allowed_lateness_ms
 
     def init(self, handle: StatefulProcessorHandle) -> None:
-        self.seen = handle.getMapState("seen", "event_id string", "seen boolean", self.dedup_ttl_ms)
         self.balance = handle.getValueState("balance", "balance_cents bigint, events bigint")
         self.clock = handle.getValueState("clock", "max_event_ms bigint")
         self.minutes = handle.getMapState("minutes", "minute_ms bigint", "total_cents bigint, events bigint")
@@ -61,9 +61,6 @@ class PaymentProcessor(StatefulProcessor):
         empty = dict.fromkeys(("balance_cents", "events", "minute_ms", "total_cents", "event_id", "amount_cents",
                                "event_ms", "watermark_ms"))
         for row in sorted(rows, key=lambda r: (r.kafka_partition, r.kafka_offset)):
-            if self.seen.containsKey((row.event_id,)):
-                continue
-            self.seen.updateValue((row.event_id,), (True,))
             balance, events = balance + row.amount_cents, events + 1
             watermark = None if clock is None else clock - self.allowed_lateness_ms
             if watermark is not None and row.event_ms < watermark:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -50,7 +50,7 @@ class Campaign:
         self.kafka = KafkaConfig(services.kafka.bootstrap_servers)
         self.chunk, self.catch_up_s, self.quiet_s = chunk, catch_up_s, quiet_s
         topic = f"verify-{name}".replace("_", "-")
-        output = f"verify_{name}".replace("-", "_") if self.kind == "postgres" else f"{topic}-out"
+        output = f"{topic}-out" if self.kind == "kafka" else f"verify_{name}".replace("-", "_")
         self.ctx = PipelineContext(services.kafka.bootstrap_servers, topic, output, str(work / "checkpoint"),
                                    services.postgres.dsn, max_offsets_per_trigger=per_batch)
         self.spark_log = SparkLog(self.ctx.checkpoint)
@@ -58,16 +58,29 @@ class Campaign:
         Path(self.crash_dir).mkdir(parents=True, exist_ok=True)
         create_topic(self.kafka, topic, partitions=2)
         prepare_target(pipeline, self.kafka, services.postgres.dsn, output)
-        self.kafka_output = KafkaOutput(self.kafka, output) if self.kind == "kafka" else None
+        self.kafka_output = KafkaOutput(self.kafka, output) if self.kind in ("kafka", "fan-out") else None
         self.driver = DriverProcess(pipeline, self.ctx, self.crash_dir, work / "driver.log", env or {})
         self.expected: list[int] = []
         self.upstream = upstream
         self.produced = 0
 
-    def output(self) -> list[int]:
-        if self.kafka_output is not None:
-            return [int(v) for v in self.kafka_output.read(0.2)]
-        return table_ids(self.services.postgres.dsn, self.ctx.output)
+    def output(self) -> list[Hashable]:
+        """Every record committed so far: ids, or (target, id) pairs when the pipeline writes to
+        a table and a topic, so that each target is held to exactly-once on its own."""
+        table = table_ids(self.services.postgres.dsn, self.ctx.output) if self.kind != "kafka" else []
+        topic = [int(v) for v in self.kafka_output.read(0.2)] if self.kafka_output is not None else []
+        records: list[Hashable] = []
+        if self.kind == "fan-out":
+            records += [("table", i) for i in table] + [("topic", i) for i in topic]
+        else:
+            records += topic if self.kind == "kafka" else table
+        return records
+
+    def wanted(self) -> list[Hashable]:
+        """What :meth:`output` must hold: each input id once (once per target for a fan-out)."""
+        if self.kind == "fan-out":
+            return [(target, i) for target in ("table", "topic") for i in self.expected]
+        return list(self.expected)
 
     def query_restarts(self) -> int:
         path = Path(self.ctx.checkpoint + ".restarts")
@@ -90,7 +103,7 @@ class Campaign:
         seen: tuple[int, int | None, int | None] | None = None
         reconnected = 0.0
         deadline = time.monotonic() + self.catch_up_s
-        want = Counter(self.expected)
+        want = Counter(self.wanted())
         while time.monotonic() < deadline:
             if fault.kind == "crash" and ended is None:
                 where = fired_at(self.crash_dir, fault.point or "")
@@ -114,7 +127,7 @@ class Campaign:
             time.sleep(0.3)
         if fault.kind == "crash" and ended is None:
             disarm(self.crash_dir, fault.point or "")
-        verdict = compare(self.expected, self.output())
+        verdict = compare(self.wanted(), self.output())
         start = ended if ended is not None else time.monotonic()
         recovery = max(0.0, round(caught_up - start, 1)) if caught_up is not None else float("nan")
         return FaultResult(str(fault), ended is not None, batch, self.query_restarts() - restarts_before,
@@ -155,7 +168,7 @@ class Campaign:
         """Stop the driver gracefully; returns its exit code, the verdict over all input, and
         what it left behind (prepared transactions, partitions with an open Kafka transaction)."""
         code = self.driver.stop()
-        final = compare(self.expected, self.output())
+        final = compare(self.wanted(), self.output())
         left = [f"prepared transaction {gid}" for gid in prepared_transactions(self.services.postgres.dsn)]
         if self.kafka_output is not None:
             left += [f"open transaction in {self.ctx.output}[{p}]" for p in self.kafka_output.open_transactions()]

@@ -2,7 +2,8 @@
 
 A *pipeline under test* is a function ``(spark, ctx: PipelineContext) -> query`` that reads
 ``ctx.input_topic`` and carries each input value (a decimal integer) to its output once: into
-column ``id`` of table ``ctx.output`` or as the value of a record in topic ``ctx.output``. The
+column ``id`` of table ``ctx.output``, as the value of a record in topic ``ctx.output``, or
+(kind ``fan-out``) into both. The
 kit's own example pipelines are named in :data:`EXAMPLES`; a user's is ``module:function``.
 """
 
@@ -28,7 +29,7 @@ COUNT, PER_BATCH = 1000, 300  # the one-shot tests: four batches; both partition
 class Example:
     """One of the kit's example pipelines: integers from Kafka into one sink."""
 
-    kind: str  # "postgres" or "kafka": where the output is read
+    kind: str  # "postgres", "kafka" or "fan-out" (both: a table and a topic of one name)
     protocol: str
     guarantee: str  # what the configuration promises
     points: tuple[str, ...] = POINTS  # crash points its sink reaches
@@ -46,6 +47,8 @@ EXAMPLES = {
     "kafka-transactional": Example("kafka", "transactional", "exactly-once", _NO_LATE_COMMIT),
     "kafka-write-ahead-log": Example("kafka", "write-ahead-log", "exactly-once"),
     "kafka-at-least-once": Example("kafka", "at-least-once", "at-least-once", _NO_LATE_COMMIT),
+    # one query, one checkpoint, two sinks: every record into the table and into the topic
+    "fan-out-postgres-kafka": Example("fan-out", "two-phase-commit+transactional", "exactly-once"),
 }
 
 
@@ -73,10 +76,14 @@ def integers(spark: Any, kafka: KafkaConfig, topic: str, per_batch: int = PER_BA
 
 
 def example_sink(sink: str, kafka: KafkaConfig, dsn: str, target: str) -> SinkConfig:
+    from oncekit.core.fanout import fan_out
     from oncekit.sinks.kafka import kafka_sink
     from oncekit.sinks.postgres import postgres_sink
 
     example = EXAMPLES[sink]
+    if example.kind == "fan-out":
+        return fan_out({"table": postgres_sink(dsn, target, "two-phase-commit", columns=("id", "payload")),
+                        "topic": kafka_sink(kafka.bootstrap_servers, target, "transactional", columns=("key", "value"))})
     if example.kind == "kafka":
         return kafka_sink(kafka.bootstrap_servers, target, example.protocol)
     return postgres_sink(dsn, target, example.protocol, key_columns=("id",) if example.protocol == "idempotent" else ())
@@ -85,6 +92,9 @@ def example_sink(sink: str, kafka: KafkaConfig, dsn: str, target: str) -> SinkCo
 def example_frame(sink: str, spark: Any, kafka: KafkaConfig, topic: str, per_batch: int = PER_BATCH) -> Any:
     starting = "latest" if EXAMPLES[sink].discards_checkpoint else "earliest"
     frame = integers(spark, kafka, topic, per_batch, starting)
+    if EXAMPLES[sink].kind == "fan-out":
+        return frame.selectExpr("id", "payload", "CAST(id AS STRING) AS key", "CAST(id AS STRING) AS value",
+                                "explode(array('table', 'topic')) AS target")
     return frame.selectExpr("CAST(id AS STRING) AS value") if EXAMPLES[sink].kind == "kafka" else frame
 
 
@@ -105,8 +115,8 @@ def sink_kind(pipeline: str) -> str:
     if pipeline in EXAMPLES:
         return EXAMPLES[pipeline].kind
     kind = str(getattr(resolve(pipeline), "kind", "postgres"))
-    if kind not in ("postgres", "kafka"):
-        raise ConfigError(f"pipeline {pipeline}: kind must be 'postgres' or 'kafka', not {kind!r}")
+    if kind not in ("postgres", "kafka", "fan-out"):
+        raise ConfigError(f"pipeline {pipeline}: kind must be 'postgres', 'kafka' or 'fan-out', not {kind!r}")
     return kind
 
 

@@ -68,8 +68,9 @@ def prepare_target(sink: str, kafka: KafkaConfig, dsn: str, target: str) -> None
     two-partition topic, or a table ``(id, payload)`` keyed by id for idempotent sinks."""
     example = EXAMPLES.get(sink)
     kind = example.kind if example else sink_kind(sink)
-    if kind == "kafka":
+    if kind in ("kafka", "fan-out"):
         create_topic(kafka, target, partitions=2)
+    if kind == "kafka":
         return
     keyed = example is not None and example.protocol == "idempotent"
     with connect(dsn, autocommit=True) as conn:

@@ -92,7 +92,8 @@ def test_savepoint_create_then_restore_continues_exactly_once_and_mismatch_is_re
 
     saved = original.savepoint(spark, str(tmp_path / "savepoints"), "after-first")
     assert [s.name for s in list_savepoints(tmp_path / "savepoints")] == ["after-first"]
-    assert {q.name: q.sink_id for q in saved.queries}["balances"] == f"pg-{config.tables.balances}"
+    assert {q.name: q.sink_id for q in saved.queries} == {"pipeline": original.sink().sink_id}
+    assert original.sink().targets["balances"].sink_id == f"pg-{config.tables.balances}"
     assert all(q.batch_id is not None for q in saved.queries)
 
     changed = pipeline_config.load(None, {**_names(config), "pipeline.allowed_lateness_s": 120}).with_services(

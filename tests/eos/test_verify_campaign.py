@@ -56,6 +56,17 @@ def test_randomized_campaign_every_fault_exactly_once(services: Services, pipeli
     assert sum(r.fired for r in report.results) >= FAULTS * 0.8, text  # the faults really happened
 
 
+def test_fanout_campaign_one_query_two_sinks_each_exactly_once(services: Services, campaign_tables: list[str]) -> None:
+    """One query writes every record to a table (two-phase commit) and a topic (transactional)
+    through one checkpoint; each target is compared with the input on its own."""
+    faults = max(6, FAULTS // 2)
+    report = run_campaign("fan-out-postgres-kafka", services, faults, SEED)
+    text = record(report, "fan-out-postgres-kafka", campaign_tables)
+    assert report.passed, text
+    assert [r.verdict for r in report.results] == ["exactly-once"] * faults, text
+    assert sum(r.fired for r in report.results) >= faults * 0.8, text
+
+
 def test_oncekit_verify_as_a_new_user(tmp_path: Path) -> None:
     """``oncekit verify`` as a new user runs it: it starts its own services, prints progress and
     the table, writes JSON; every verdict exactly-once."""
