@@ -1,13 +1,14 @@
 # The two commands of the README, and the steps they are made of. Each does its own set-up.
 #   make demo   the main job: services, Spark, Kafka in, PostgreSQL out
 #   make test   type check and the whole test suite on real Kafka and PostgreSQL (testcontainers)
+#   make bench  the benchmarks: the kit beside its peers in one run (BENCH_ARGS="--records 200000")
 
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo test install broker engine typecheck pytest clean
+.PHONY: demo test bench install broker engine typecheck pytest clean
 
 demo: install broker
 	$(VENV)/bin/oncekit demo
@@ -36,6 +37,24 @@ typecheck: install
 
 pytest: install
 	. .oncekit/engine.env && ONCEKIT_TEST_BACKEND=$${ONCEKIT_TEST_BACKEND:-containers} $(PY) -m pytest $(PYTEST_ARGS)
+
+# Quix Streams, a peer in the benchmarks (the bench extra), runs in a venv of its own: it pins
+# confluent-kafka below the version the kit's sinks need. Spark's Kafka connector, another peer,
+# comes from Maven Central for the installed pyspark's version.
+QUIX_VENV  := .oncekit/quix-venv
+QUIX_STAMP := $(QUIX_VENV)/.installed-stamp
+BENCH_EXTRA = $(PY) -c 'import sys; toml = __import__("tomllib" if sys.version_info >= (3, 11) else "tomli"); \
+	print(" ".join(toml.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["bench"]))'
+
+bench: install broker engine $(QUIX_STAMP)
+	docker/spark-kafka/fetch.sh "$$($(PY) -c 'import pyspark; print(pyspark.__version__)')" >/dev/null
+	. .oncekit/engine.env && $(PY) -m benchmarks --quix-python $(QUIX_VENV)/bin/python $(BENCH_ARGS)
+
+$(QUIX_STAMP): pyproject.toml | install
+	$(PYTHON) -m venv $(QUIX_VENV)
+	$(QUIX_VENV)/bin/python -m pip install -q --upgrade pip
+	$(QUIX_VENV)/bin/python -m pip install -q $$($(BENCH_EXTRA))
+	touch $@
 
 clean:
 	rm -rf $(VENV) .oncekit build *.egg-info docker/kafka/target

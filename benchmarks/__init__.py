@@ -1,0 +1,22 @@
+"""oncekit's benchmarks: one harness, ``make bench`` (or ``python -m benchmarks`` from the
+repository root, with the ``bench`` extra installed), that measures the kit beside its peers in
+the same run, on the same broker, topics and database, one case after the other:
+
+1. source: the kit's Kafka source vs Spark's JVM Kafka source, into the noop sink; a raw
+   confluent-kafka consume loop as the ceiling.
+2. kafka: the kit's transactional, write-ahead-log and at-least-once sinks vs Spark's Kafka sink,
+   all fed by the kit's source; Quix Streams exactly-once and at-least-once copying the same topic.
+3. postgres: the kit's two-phase-commit, write-ahead-log, idempotent and at-least-once sinks vs a
+   hand-written foreachBatch COPY.
+4. latency: produce-to-visible p50/p99 at a fixed input rate, kit source and transactional sink
+   vs Spark's JVM source and sink.
+5. reference: the reference pipeline (a hook, not yet measured).
+
+Every output is read back (count and distinct keys) before its figure is printed; a failed run
+or check prints FAILED instead. Each table ends with ratios kit / peer.
+
+Modules: ``environment`` (options, services, the Spark session with Spark's Kafka connector,
+the inputs), ``data`` (producing input, reading outputs back), ``peers`` (the pipelines the kit
+is measured against), ``cases`` (groups 1-3), ``latency`` (group 4), ``reference`` (group 5),
+``table`` (rows, checks, ratios).
+"""

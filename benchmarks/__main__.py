@@ -1,0 +1,49 @@
+"""``python -m benchmarks`` (``make bench``): every group in one run, on one broker and one
+database, each kit case beside its peers on the same input. See benchmarks/__init__.py."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Callable
+from importlib.metadata import PackageNotFoundError, version
+
+from benchmarks.cases import kafka_group, postgres_group, source_group
+from benchmarks.environment import Bench, Options, bench
+from benchmarks.latency import latency_group
+from benchmarks.reference import reference_pipeline
+from benchmarks.table import Table
+
+GROUPS: dict[str, Callable[[Bench], Table]] = {
+    "source": source_group,
+    "kafka": kafka_group,
+    "postgres": postgres_group,
+    "latency": latency_group,
+    "reference": lambda b: reference_pipeline(b.services, b.options),
+}
+
+
+def installed(package: str) -> str:
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "not installed"
+
+
+def main(argv: list[str] | None = None) -> int:
+    options = Options.parse(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    with bench(options) as b:
+        print(f"# oncekit benchmarks: {options.describe()}; Spark {b.spark.sparkContext.master} on "
+              f"{os.cpu_count()} cores; services: {b.services.backend}; pyspark {installed('pyspark')}, "
+              f"confluent-kafka {installed('confluent-kafka')}; "
+              f"warm-up {options.warmup:,} records per case.\n"
+              f"# A shared machine is noisy: compare the rows of one run, not runs.", flush=True)
+        for name in options.groups:
+            print(GROUPS[name](b).render(), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

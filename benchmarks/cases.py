@@ -1,0 +1,179 @@
+"""The throughput groups: each case runs the same input into its own fresh output, is timed from
+query start to termination, and is read back before its figure counts.
+
+1. source: the kit's source and Spark's JVM source into Spark's noop sink; a raw consume loop.
+2. kafka: the kit's three Kafka sinks and Spark's Kafka sink, all fed by the kit's source; Quix
+   Streams copying the same topic.
+3. postgres: the kit's four PostgreSQL protocols and a hand-written foreachBatch COPY, all fed by
+   the kit's source.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from benchmarks import data, peers
+from benchmarks.environment import Bench
+from benchmarks.table import Check, Ratio, Row, Table
+from oncekit.connectors.kafka import create_topic
+from oncekit.core.spark.query import start_query
+from oncekit.sinks.kafka import kafka_sink
+from oncekit.sinks.postgres import postgres_sink
+from oncekit.sources.kafka import kafka_stream
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from oncekit.core.protocol import SinkConfig
+
+THROUGHPUT = ("seconds", "records/s")
+
+
+@dataclass(frozen=True)
+class Timed:
+    """What a case returns when it timed itself (a pipeline in another process, whose start-up
+    and imports are not the pipeline's time)."""
+
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Case:
+    """``run`` takes the input and the output's name (a topic or table made for this case), and
+    returns what the group's check needs besides the output."""
+
+    name: str
+    run: Callable[[data.Input, str], Any]
+    keyed: bool = False
+
+
+@dataclass(frozen=True)
+class Group:
+    title: str
+    cases: list[Case]
+    check: Callable[[data.Input, str, Any], Check]
+    prepare: Callable[[Case, str], None] = lambda case, output: None
+    ratios: list[Ratio] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
+
+
+def failure(exc: BaseException) -> str:
+    """The first line of an error (for a failed Spark query, its cause), short enough for a table cell."""
+    lines = str(exc).strip().splitlines()
+    first = lines[0].split("terminated with exception: ", 1)[-1] if lines else ""
+    return f"{type(exc).__name__}: {first[:160]}"
+
+
+def measure(group: Group, case: Case, source: data.Input) -> Row:
+    output = f"bench_{slug(case.name)}_{source.tag}"
+    print(f"  {case.name} ({source.tag}, {source.records:,} records)", file=sys.stderr, flush=True)
+    try:
+        group.prepare(case, output)
+        started = time.perf_counter()
+        result = case.run(source, output)
+        seconds = result.seconds if isinstance(result, Timed) else time.perf_counter() - started
+        check = group.check(source, output, result)
+    except Exception as exc:  # one case failing leaves the others to run
+        return Row.failed(case.name, failure(exc))
+    if not check.ok:
+        return Row.failed(case.name, str(check))
+    return Row(case.name, {"seconds": seconds, "records/s": source.records / seconds}, str(check))
+
+
+def run_group(bench: Bench, group: Group) -> Table:
+    """Every case on the warm-up input (its row dropped), then on the measured input."""
+    print(f"{group.title}", file=sys.stderr, flush=True)
+    table = Table(f"{group.title}: {bench.options.describe()}", THROUGHPUT, ("records/s",),
+                  "records/s; above 1 the kit is faster", ratios=group.ratios, notes=group.notes)
+    for case in group.cases:
+        rows = [measure(group, case, source) for source in bench.inputs]
+        table.rows.append(rows[-1])
+    return table
+
+
+def kit_stream(bench: Bench, source: data.Input) -> DataFrame:
+    return kafka_stream(bench.spark, bench.servers, source.topic, max_offsets_per_trigger=bench.options.per_batch)
+
+
+def kit_query(frame: DataFrame, sink: SinkConfig) -> None:
+    with tempfile.TemporaryDirectory() as checkpoint:
+        start_query(frame, sink, checkpoint, trigger={"availableNow": True}).await_termination()
+
+
+def columns(frame: DataFrame) -> DataFrame:
+    """The input's CSV value as the PostgreSQL tables' columns."""
+    return (frame.selectExpr("split(CAST(value AS STRING), ',') AS f")
+            .selectExpr("CAST(f[0] AS BIGINT) AS id", "CAST(f[1] AS INT) AS account", "CAST(f[2] AS BIGINT) AS amount",
+                        "f[3] AS note"))
+
+
+def source_group(bench: Bench) -> Table:
+    kit, jvm, raw = "kit source -> noop", "Spark JVM source -> noop", "raw confluent-kafka consume loop"
+    return run_group(bench, Group(
+        "1. Source",
+        [Case(kit, lambda source, _: peers.run_available(kit_stream(bench, source).writeStream.format("noop"))),
+         Case(jvm, lambda source, _: peers.run_available(
+             peers.spark_kafka_stream(bench.spark, bench.servers, source.topic, bench.options.per_batch)
+             .writeStream.format("noop"))),
+         Case(raw, lambda source, _: data.read_topic(bench.kafka, source.topic, source.records))],
+        # noop keeps nothing: its rows count the query's input rows; the loop counts keys too.
+        check=lambda source, _, got: got if isinstance(got, Check) else Check(source.records, got, None),
+        ratios=[Ratio(kit, jvm), Ratio(kit, raw)],
+        notes=[f"JVM side: {bench.connector.describe()}. The raw loop is a ceiling, not a peer."],
+    ))
+
+
+def kafka_group(bench: Bench) -> Table:
+    def kit(protocol: str) -> Case:
+        return Case(f"kit {protocol}", lambda source, output: kit_query(
+            kit_stream(bench, source).select("key", "value"), kafka_sink(bench.servers, output, protocol)))
+
+    def quix(guarantee: str) -> Case:
+        return Case(f"Quix Streams {guarantee}", lambda source, output: Timed(peers.quix_copy(
+            bench.options.quix_python, bench.servers, source.topic, output, source.records, guarantee)))
+
+    spark = "Spark Kafka sink (at-least-once)"
+    cases = [kit("transactional"), kit("write-ahead-log"), kit("at-least-once"),
+             Case(spark, lambda source, output: peers.run_available(
+                 peers.spark_kafka_sink(kit_stream(bench, source), bench.servers, output))),
+             quix("exactly-once"), quix("at-least-once")]
+    return run_group(bench, Group(
+        "2. Kafka sinks", cases,
+        prepare=lambda case, output: create_topic(bench.kafka, output, partitions=bench.options.partitions),
+        check=lambda source, output, _: data.read_topic(bench.kafka, output, source.records),
+        ratios=[*(Ratio(c.name, spark) for c in cases[:3]), Ratio(cases[0].name, cases[4].name),
+                Ratio(cases[2].name, cases[5].name)],
+        notes=[f"Spark's sink and the kit's sinks are fed by the kit's source; Quix Streams copies the same topic "
+               f"with its own consumer, in a process of {bench.options.quix_python}. {bench.connector.describe()}."],
+    ))
+
+
+def postgres_group(bench: Bench) -> Table:
+    def kit(protocol: str, keyed: bool = False) -> Case:
+        name = f"kit {protocol}" + (" (key id)" if keyed else "")
+        return Case(name, lambda source, output: kit_query(
+            columns(kit_stream(bench, source)),
+            postgres_sink(bench.dsn, output, protocol, key_columns=("id",) if keyed else ())), keyed)
+
+    copy = "foreachBatch COPY (at-least-once)"
+    cases = [kit("two-phase-commit"), kit("write-ahead-log"), kit("idempotent", keyed=True), kit("at-least-once"),
+             Case(copy, lambda source, output: peers.run_available(
+                 peers.foreach_batch_copy(columns(kit_stream(bench, source)), bench.dsn, output)))]
+    return run_group(bench, Group(
+        "3. PostgreSQL sinks", cases,
+        prepare=lambda case, output: data.fresh_table(bench.dsn, output, case.keyed),
+        check=lambda source, output, _: data.read_table(bench.dsn, output, source.records),
+        ratios=[Ratio(c.name, copy) for c in cases[:4]],
+        notes=["All fed by the kit's source, value parsed into (id, account, amount, note). The foreachBatch peer "
+               "COPYs each task's Arrow batches as pyarrow CSV over one psycopg connection per task."],
+    ))

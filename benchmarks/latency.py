@@ -1,0 +1,100 @@
+"""4. Latency: input produced at a fixed rate with its produce time in each record, a query on a
+1 s processingTime trigger, and a read_committed consumer that measures, per record, the time
+from its produce to its visibility in the output topic.
+
+Each pair gets its own input and output topics (the input is live, so pairs cannot share it)
+made by the same producer at the same rate.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+from benchmarks import data, peers
+from benchmarks.cases import failure, slug
+from benchmarks.environment import Bench
+from benchmarks.table import Ratio, Row, Table
+from oncekit.connectors.kafka import create_topic
+from oncekit.core.spark.query import start_query
+from oncekit.sinks.kafka import kafka_sink
+from oncekit.sources.kafka import kafka_stream
+
+TRIGGER = "1 second"
+COLUMNS = ("records", "p50 ms", "p99 ms")
+
+# A pair starts its query from (bench, input topic, output topic, checkpoint); the query has stop().
+Start = Callable[[Bench, str, str, str], Any]
+
+
+def start_kit(bench: Bench, source: str, output: str, checkpoint: str) -> Any:
+    return start_query(kafka_stream(bench.spark, bench.servers, source).select("key", "value"),
+                       kafka_sink(bench.servers, output, "transactional"), checkpoint,
+                       trigger={"processingTime": TRIGGER})
+
+
+def start_spark(bench: Bench, source: str, output: str, checkpoint: str) -> Any:
+    frame = peers.spark_kafka_stream(bench.spark, bench.servers, source)
+    return (peers.spark_kafka_sink(frame, bench.servers, output).option("checkpointLocation", checkpoint)
+            .trigger(processingTime=TRIGGER).start())
+
+
+def wait_first_trigger(query: Any, timeout_s: float = 120.0) -> None:
+    """Start-up is not latency: wait until the query has run its first (empty) trigger."""
+    deadline = time.monotonic() + timeout_s
+    while query.lastProgress is None:
+        if not query.isActive:
+            query.awaitTermination()  # raises the query's error
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the query ran no trigger in {timeout_s:.0f} s")
+        time.sleep(0.2)
+
+
+def percentile(ordered: list[float], fraction: float) -> float:
+    return ordered[round(fraction * (len(ordered) - 1))]
+
+
+def measure(bench: Bench, name: str, start: Start) -> Row:
+    options = bench.options
+    source, output = f"bench_latency_{slug(name)}_in", f"bench_latency_{slug(name)}_out"
+    expected = int(options.rate * options.latency_s)
+    print(f"  {name} ({options.rate:,} records/s for {options.latency_s:.0f} s)", file=sys.stderr, flush=True)
+    reader = data.LatencyReader(bench.kafka, output, expected, deadline_s=options.latency_s + 120)
+    try:
+        for topic in (source, output):
+            create_topic(bench.kafka, topic, partitions=options.partitions)
+        with tempfile.TemporaryDirectory() as checkpoint:
+            query = start(bench, source, output, checkpoint)
+            try:
+                wait_first_trigger(query)
+                reader.start()
+                reader.ready.wait(60)
+                data.produce_at_rate(bench.kafka, source, options.rate, options.latency_s, options.record_bytes,
+                                     options.partitions)
+                reader.join(options.latency_s + 120)
+            finally:
+                query.stop()
+        check = reader.check()
+    except Exception as exc:  # the other pair still runs
+        return Row.failed(name, failure(exc))
+    if not check.ok:
+        return Row.failed(name, str(check))
+    ordered = sorted(reader.latencies_ms)
+    return Row(name, {"records": expected, "p50 ms": percentile(ordered, 0.5), "p99 ms": percentile(ordered, 0.99)},
+               str(check))
+
+
+def latency_group(bench: Bench) -> Table:
+    options = bench.options
+    kit, spark = "kit source -> kit transactional sink", "Spark JVM source -> Spark Kafka sink"
+    print("4. Latency", file=sys.stderr, flush=True)
+    table = Table(
+        f"4. Latency, produce to visible: {options.rate:,} records/s for {options.latency_s:.0f} s, "
+        f"{options.record_bytes} bytes, {options.partitions} partitions, processingTime {TRIGGER}",
+        COLUMNS, COLUMNS[1:], "latency; below 1 the kit is faster", ratios=[Ratio(kit, spark)],
+        notes=[f"A read_committed consumer reads the output. {bench.connector.describe()}."])
+    table.rows += [measure(bench, kit, start_kit), measure(bench, spark, start_spark)]
+    return table
