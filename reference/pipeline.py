@@ -161,25 +161,35 @@ class ReferencePipeline:
                         F.expr("try_cast(fields['amount_cents'] AS bigint)").alias("amount_cents"),
                         F.expr("unix_millis(try_cast(fields['event_time'] AS timestamp))").alias("event_ms")))
 
-    def processed(self, parsed: DataFrame) -> DataFrame:
-        """Well-formed payments, each event id once, through
-        :class:`~oncekit.reference.processor.PaymentProcessor`: rows of kind ``balance``, ``total``
-        and ``late`` (schema ``PROCESSED_SCHEMA``).
+    def processed(self, spark: SparkSession) -> DataFrame:
+        """Every payments record once through :class:`~oncekit.reference.processor.PaymentProcessor`:
+        rows of kind ``balance``, ``total``, ``late`` and ``dead`` (schema ``PROCESSED_SCHEMA``).
 
-        Duplicates are dropped in the JVM before the processor, so the processor makes no state
-        call per event. Their watermark runs on the Kafka record time, which the log fixes: an
-        upstream duplicate arrives within ``dedup_ttl_s`` of the first copy and is dropped
-        whatever the batch boundaries, and a payment late by event time is not late here.
-        The processor runs in Append mode (the kit's sinks take appends): each row it emits is a
-        fact of its batch, and the sinks turn balance and total rows into upserts by key."""
+        One branch from the source to the sink: a second branch for the dead letters would make
+        Spark read the topic twice per batch. Duplicates (same event id) are dropped in the JVM
+        before the processor, so the processor makes no state call per event; their watermark
+        runs on the Kafka record time, which the log fixes: an upstream duplicate arrives within
+        ``dedup_ttl_s`` of the first copy and is dropped whatever the batch boundaries, and a
+        payment late by event time is not late here. Records that are not a payment keep their
+        own (partition, offset) as dedup key and go to a group of their partition (negative
+        keys, no account has them). The processor runs in Append mode (the kit's sinks take
+        appends): each row it emits is a fact of its batch, and the sinks turn balance and total
+        rows into upserts by key."""
+        from pyspark.sql import functions as F
+
         from oncekit.reference.processor import PROCESSED_SCHEMA, PaymentProcessor
 
         run = self.config.pipeline
-        payments = (parsed.where("reason IS NULL")
-                    .withWatermark("kafka_ts", f"{run.dedup_ttl_s} seconds")
-                    .dropDuplicatesWithinWatermark(["event_id"])
-                    .select("account_id", "event_id", "amount_cents", "event_ms", "kafka_partition", "kafka_offset"))
-        return payments.groupBy("account_id").transformWithState(
+        good = F.col("reason").isNull()
+        records = (self.parsed(spark)
+                   .withColumn("dedup_key", F.when(good, F.col("event_id")).otherwise(
+                       F.format_string("dead:%d:%d", "kafka_partition", "kafka_offset")))
+                   .withColumn("group_key", F.when(good, F.col("account_id")).otherwise(-1 - F.col("kafka_partition")))
+                   .withWatermark("kafka_ts", f"{run.dedup_ttl_s} seconds")
+                   .dropDuplicatesWithinWatermark(["dedup_key"])
+                   .select("group_key", "event_id", "amount_cents", "event_ms", "kafka_partition", "kafka_offset",
+                           "raw", "reason"))
+        return records.groupBy("group_key").transformWithState(
             statefulProcessor=PaymentProcessor(run.allowed_lateness_s * 1000), outputStructType=PROCESSED_SCHEMA,
             outputMode="Append", timeMode="None")
 
@@ -189,19 +199,19 @@ class ReferencePipeline:
         A balance row goes to two targets: the table and the topic."""
         from pyspark.sql import functions as F
 
-        parsed = self.parsed(spark)
-        dead = parsed.where("reason IS NOT NULL").select(
-            F.lit("dead_letters").alias("target"), "kafka_partition", "kafka_offset", "raw", "reason")
-        facts = self.processed(parsed.where("reason IS NULL")).select(
-            F.explode(F.when(F.col("kind") == "balance", F.array(F.lit("balances"), F.lit("balance_updates")))
-                      .when(F.col("kind") == "total", F.array(F.lit("minute_totals")))
-                      .otherwise(F.array(F.lit("late_events")))).alias("target"),
+        target = {"balance": F.array(F.lit("balances"), F.lit("balance_updates")), "total": F.array(F.lit("minute_totals")),
+                  "late": F.array(F.lit("late_events")), "dead": F.array(F.lit("dead_letters"))}
+        kind = F.col("kind")
+        routes = F.when(kind == "balance", target["balance"]).when(kind == "total", target["total"]) \
+            .when(kind == "late", target["late"]).otherwise(target["dead"])
+        return self.processed(spark).select(
+            F.explode(routes).alias("target"),
             "account_id", "balance_cents", "events", F.timestamp_millis("minute_ms").alias("minute"), "total_cents",
             "event_id", "amount_cents", F.timestamp_millis("event_ms").alias("event_time"),
             F.timestamp_millis("watermark_ms").alias("watermark"),
             F.col("account_id").cast("string").alias("key"),
-            F.to_json(F.struct("account_id", "balance_cents", "events")).alias("value"))
-        return facts.unionByName(dead, allowMissingColumns=True)
+            F.to_json(F.struct("account_id", "balance_cents", "events")).alias("value"),
+            "kafka_partition", "kafka_offset", "raw", "reason")
 
     def sink(self) -> FanOutConfig:
         """The fan-out to the five targets. Sink ids derive from the target tables and topic

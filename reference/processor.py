@@ -25,19 +25,22 @@ from typing import Any
 from pyspark.sql import Row
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle, TimerValues
 
-PROCESSOR_VERSION = 2
+PROCESSOR_VERSION = 3
 """Part of every query's fingerprint: bump it when the processor's state layout changes, so
 that restoring an old savepoint is refused instead of misreading state."""
 
 PROCESSED_SCHEMA = (
     "kind string, account_id bigint, balance_cents bigint, events bigint, minute_ms bigint, total_cents bigint, "
-    "event_id string, amount_cents bigint, event_ms bigint, watermark_ms bigint"
+    "event_id string, amount_cents bigint, event_ms bigint, watermark_ms bigint, "
+    "kafka_partition int, kafka_offset bigint, raw string, reason string"
 )
-"""The processor's output: rows of kind ``balance``, ``total`` and ``late``, other columns NULL."""
+"""The processor's output: rows of kind ``balance``, ``total``, ``late`` and ``dead``, other
+columns NULL."""
 
 
 class PaymentProcessor(StatefulProcessor):
-    """Keyed by account. Per batch, in Kafka offset order: add each payment to the balance
+    """Keyed by account (records that are not a payment: by a negative key per partition, and
+    passed on as ``dead`` rows). Per batch, in Kafka offset order: add each payment to the balance
     (ValueState), and split them into
     on-time (added to their minute's total, MapState) and late (older than the account's
     watermark, emitted as ``late``). Emits one ``balance`` row per account and one ``total``
@@ -58,9 +61,14 @@ class PaymentProcessor(StatefulProcessor):
         balance, events = (stored_balance[0], stored_balance[1]) if stored_balance else (0, 0)
         clock = stored_clock[0] if stored_clock else None
         touched: dict[int, tuple[int, int]] = {}
-        empty = dict.fromkeys(("balance_cents", "events", "minute_ms", "total_cents", "event_id", "amount_cents",
-                               "event_ms", "watermark_ms"))
+        empty = dict.fromkeys(("account_id", "balance_cents", "events", "minute_ms", "total_cents", "event_id",
+                               "amount_cents", "event_ms", "watermark_ms", "kafka_partition", "kafka_offset", "raw",
+                               "reason"))
         for row in sorted(rows, key=lambda r: (r.kafka_partition, r.kafka_offset)):
+            if row.reason is not None:
+                yield Row(**{**empty, "kind": "dead", "kafka_partition": row.kafka_partition,
+                             "kafka_offset": row.kafka_offset, "raw": row.raw, "reason": row.reason})
+                continue
             balance, events = balance + row.amount_cents, events + 1
             watermark = None if clock is None else clock - self.allowed_lateness_ms
             if watermark is not None and row.event_ms < watermark:

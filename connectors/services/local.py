@@ -121,8 +121,22 @@ class _Process:
             return ""
 
 
-class LocalKafka(KafkaService):
+class _LocalService:
+    """Stop and remove for both local services: a process of ours and a data folder of ours."""
+
     backend = "local"
+    data_dir: Path
+    _process: _Process
+
+    def stop(self) -> None:
+        self._process.terminate()
+
+    def remove(self) -> None:
+        self.stop()
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+
+
+class LocalKafka(_LocalService, KafkaService):
 
     def __init__(self, data_dir: Path, port: int, controller_port: int, pid: int | None = None) -> None:
         self.data_dir, self.port, self.controller_port = data_dir, port, controller_port
@@ -165,13 +179,6 @@ class LocalKafka(KafkaService):
             raise ServiceError(f"kafka: local broker exited at start: {self._process.log_tail()}")
         super().wait_ready(timeout_s)
 
-    def stop(self) -> None:
-        self._process.terminate()
-
-    def remove(self) -> None:
-        self.stop()
-        shutil.rmtree(self.data_dir, ignore_errors=True)
-
     def state(self) -> dict[str, Any]:
         return {"data_dir": str(self.data_dir), "port": self.port, "controller_port": self.controller_port,
                 "pid": self._process.pid}
@@ -181,8 +188,7 @@ class LocalKafka(KafkaService):
         return cls(Path(state["data_dir"]), state["port"], state["controller_port"], state["pid"])
 
 
-class LocalPostgres(PostgresService):
-    backend = "local"
+class LocalPostgres(_LocalService, PostgresService):
 
     def __init__(self, data_dir: Path, port: int, password: str, pid: int | None = None) -> None:
         self.data_dir, self.port, self._password = data_dir, port, password
@@ -230,13 +236,6 @@ class LocalPostgres(PostgresService):
             raise ServiceError(f"postgres: local server exited at start: {self._process.log_tail()}")
         dsn = self.dsn.rsplit("/", 1)[0] + "/" + database
         wait_until(lambda: check_server(dsn), 60, f"postgres at {redact_dsn(dsn)}")
-
-    def stop(self) -> None:
-        self._process.terminate()
-
-    def remove(self) -> None:
-        self.stop()
-        shutil.rmtree(self.data_dir, ignore_errors=True)
 
     def state(self) -> dict[str, Any]:
         return {"data_dir": str(self.data_dir), "port": self.port, "password": self._password,

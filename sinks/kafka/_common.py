@@ -66,7 +66,8 @@ class _ClientPool:
             if key not in self._idle:
                 self._idle[key] = client
                 return
-        client.close()  # another user gave one back first; one idle client per key is enough
+        if isinstance(client, Consumer):  # another user gave one back first; one idle client per key is enough
+            client.close()  # (a producer, idle and flushed, is destroyed when dropped)
 
 
 _POOL = _ClientPool()
@@ -248,16 +249,18 @@ class KafkaSinkBase:
                                  headers={"oncekit.error": f"{where}: row {row}: too large"})
 
     def publish(self, producer: Producer, records: Records, group: MarkerGroup, batch_id: int, where: str) -> None:
-        """Produce ``records`` and the batch marker in one transaction, and commit it. A fatal
-        error (fenced by a newer producer) is raised as it is, for :meth:`commit_with_fencing`."""
+        """Write the batch marker and ``records`` in one transaction, and commit it. The marker
+        goes first: it is one round trip to the transaction coordinator, so a pooled producer that
+        a newer one has fenced fails there, before any record is sent. A fatal error (fenced) is
+        raised as it is, for :meth:`commit_with_fencing`."""
         producer.begin_transaction()
         try:
-            delivery_errors = self.produce(producer, records, where)
             metadata = json.dumps({"batch": batch_id, "rows": len(records), "checksum": records.checksum})
             key, consumer = self._marker_consumer(group)
             producer.send_offsets_to_transaction(
                 [TopicPartition(self.config.topic, 0, batch_id + 1, metadata)], consumer.consumer_group_metadata(), 30)
             _POOL.give(key, consumer)
+            delivery_errors = self.produce(producer, records, where)
             _commit_transaction(producer)
             if delivery_errors():  # commit refuses a transaction with failed records; belt and braces
                 raise RecordError(f"{where}: records were not delivered: {delivery_errors()[0]}")
