@@ -12,40 +12,14 @@ import logging
 import sys
 from typing import Any
 
-from oncekit.connectors.redact import redact_dsn
 from oncekit.connectors.services import BACKENDS
 from oncekit.core.errors import OncekitError
 
 
 def _services(args: argparse.Namespace) -> int:
-    from oncekit.connectors import services as svc
+    from oncekit.connectors import services
 
-    current = svc.load_state()
-    if args.action == "up":
-        if current is not None:
-            print(f"services already up ({current.backend}); run 'oncekit services down' first", file=sys.stderr)
-            return 1
-        current = svc.start_services(args.backend)
-        path = svc.save_state(current)
-        print(f"backend: {current.backend}  (state in {path})")
-    elif current is None:
-        print("no services started by 'oncekit services up'")
-        return 0 if args.action == "down" else 1
-    elif args.action == "down":
-        current.remove()
-        svc.forget_state()
-        print(f"services down ({current.backend})")
-        return 0
-    else:
-        for service in (current.kafka, current.postgres):
-            try:
-                service.wait_ready(timeout_s=5)
-                print(f"{service.name}: ready")
-            except OncekitError as exc:
-                print(f"{service.name}: NOT READY: {exc}")
-    print(f"kafka bootstrap: {current.kafka.bootstrap_servers}")
-    print(f"postgres dsn:    {current.postgres.dsn if args.show_dsn else redact_dsn(current.postgres.dsn)}")
-    return 0
+    return services.command(args.action, args.backend, args.show_dsn)
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -55,29 +29,10 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from oncekit import verify
-    from oncekit.connectors.services import start_services
+    from oncekit.verify import command
 
-    def progress(done: int, total: int, result: verify.FaultResult) -> None:
-        bar = "#" * (20 * done // total)
-        print(f"[{bar:<20}] {done}/{total} {result.fault}: {result.verdict} "
-              f"(batch {result.batch}, recovery {result.recovery_s:.1f} s)", flush=True)
-
-    started = start_services(args.backend)
-    print(f"services ({started.backend}) ready; {args.faults} faults into {args.pipeline}, seed {args.seed}", flush=True)
-    with started.running() as services:
-        upstream = verify.Upstream(args.duplicates, args.malformed, args.late, args.seed)
-        report = verify.run_campaign(args.pipeline, services, args.faults, args.seed, args.guarantee, progress,
-                                     upstream=upstream)
-    print(verify.table(report))
-    if args.json:
-        verify.write_json(args.json, report)
-    if not report.passed:
-        print(f"not {report.guarantee}; reproduce with: oncekit verify --pipeline {args.pipeline} "
-              f"--faults {args.faults} --seed {args.seed} --duplicates {args.duplicates} --malformed {args.malformed} "
-              f"--late {args.late}  (schedule: {'; '.join(r.fault for r in report.results)})")
-        return 1
-    return 0
+    return command.main(args.pipeline, args.faults, args.seed, args.guarantee, args.backend, args.duplicates,
+                        args.malformed, args.late, args.json)
 
 
 def _produce(args: argparse.Namespace) -> int:

@@ -12,11 +12,13 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
+from oncekit.connectors.redact import redact_dsn
 from oncekit.connectors.services.base import KafkaService, PostgresService, Services
-from oncekit.core.errors import ConfigError, ServiceError
+from oncekit.core.errors import ConfigError, OncekitError, ServiceError
 
 logger = logging.getLogger(__name__)
 
@@ -106,3 +108,35 @@ def load_state() -> Services | None:
 
 def forget_state() -> None:
     state_file().unlink(missing_ok=True)
+
+
+def command(action: str, backend: str, show_dsn: bool = False) -> int:
+    """``oncekit services up|down|status``: start (and remember), stop (and forget) or check the
+    services; prints the bootstrap address and the DSN with its password hidden unless
+    ``show_dsn``. Returns the exit code."""
+    current = load_state()
+    if action == "up":
+        if current is not None:
+            print(f"services already up ({current.backend}); run 'oncekit services down' first", file=sys.stderr)
+            return 1
+        current = start_services(backend)
+        path = save_state(current)
+        print(f"backend: {current.backend}  (state in {path})")
+    elif current is None:
+        print("no services started by 'oncekit services up'")
+        return 0 if action == "down" else 1
+    elif action == "down":
+        current.remove()
+        forget_state()
+        print(f"services down ({current.backend})")
+        return 0
+    else:
+        for service in (current.kafka, current.postgres):
+            try:
+                service.wait_ready(timeout_s=5)
+                print(f"{service.name}: ready")
+            except OncekitError as exc:
+                print(f"{service.name}: NOT READY: {exc}")
+    print(f"kafka bootstrap: {current.kafka.bootstrap_servers}")
+    print(f"postgres dsn:    {current.postgres.dsn if show_dsn else redact_dsn(current.postgres.dsn)}")
+    return 0

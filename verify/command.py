@@ -1,0 +1,34 @@
+"""``oncekit verify``: start services, run one campaign with a progress line per fault, print the
+table (and write JSON), and say how to reproduce a failure. Called by the CLI only."""
+
+from __future__ import annotations
+
+from oncekit.connectors.services import start_services
+from oncekit.verify.campaign import run_campaign
+from oncekit.verify.io import Upstream
+from oncekit.verify.report import FaultResult, table, write_json
+
+
+def main(pipeline: str, faults: int, seed: int, guarantee: str | None, backend: str, duplicates: float,
+         malformed: float, late: float, json_path: str | None) -> int:
+    """Returns the exit code: 0 when every verdict meets the guarantee."""
+
+    def progress(done: int, total: int, result: FaultResult) -> None:
+        bar = "#" * (20 * done // total)
+        print(f"[{bar:<20}] {done}/{total} {result.fault}: {result.verdict} "
+              f"(batch {result.batch}, recovery {result.recovery_s:.1f} s)", flush=True)
+
+    started = start_services(backend)
+    print(f"services ({started.backend}) ready; {faults} faults into {pipeline}, seed {seed}", flush=True)
+    with started.running() as services:
+        upstream = Upstream(duplicates, malformed, late, seed)
+        report = run_campaign(pipeline, services, faults, seed, guarantee, progress, upstream=upstream)
+    print(table(report))
+    if json_path:
+        write_json(json_path, report)
+    if not report.passed:
+        print(f"not {report.guarantee}; reproduce with: oncekit verify --pipeline {pipeline} "
+              f"--faults {faults} --seed {seed} --duplicates {duplicates} --malformed {malformed} "
+              f"--late {late}  (schedule: {'; '.join(r.fault for r in report.results)})")
+        return 1
+    return 0
