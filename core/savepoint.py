@@ -92,9 +92,10 @@ def create(checkpoint_root: str | Path, into: str | Path, name: str,
     saved = []
     for query, identity in queries.items():
         source = Path(checkpoint_root) / query
-        if not (source / "offsets").is_dir():
+        spark_log = SparkLog(str(source.absolute()))
+        if not spark_log.exists():
             raise SavepointError(f"query {query} has no checkpoint at {source}; run the pipeline before a savepoint")
-        latest = SparkLog(str(source.absolute())).latest_completed()
+        latest = spark_log.latest_completed()
         saved.append(SavedQuery(query, identity["sink_id"], identity["fingerprint"], latest))
     staging = Path(into) / f".{name}.partial"
     shutil.rmtree(staging, ignore_errors=True)
