@@ -13,6 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic  # type: ignore[attr-defined]
+
 from oncekit.connectors.redact import redact_config
 from oncekit.core.errors import ConfigError, ServiceError
 
@@ -84,9 +87,6 @@ def check_broker(bootstrap_servers: str, client: Mapping[str, Any] | None = None
     Metadata alone is not enough: the transaction coordinator loads its log after the broker
     starts, and until then every transactional producer fails.
     """
-    from confluent_kafka import KafkaException, Producer
-    from confluent_kafka.admin import AdminClient
-
     config = KafkaConfig(bootstrap_servers, dict(client or {}))
     try:
         metadata = AdminClient(config.settings()).list_topics(timeout=5)
@@ -100,9 +100,6 @@ def check_broker(bootstrap_servers: str, client: Mapping[str, Any] | None = None
 
 def create_topic(config: KafkaConfig, topic: str, partitions: int = 1, replication_factor: int = 1) -> None:
     """Create ``topic``; an existing topic with the same name is left as it is."""
-    from confluent_kafka import KafkaError, KafkaException
-    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
-
     admin = AdminClient(config.settings())  # must outlive the future, or librdkafka cancels it
     future = admin.create_topics(
         [NewTopic(topic, num_partitions=partitions, replication_factor=replication_factor)], operation_timeout=30
@@ -118,8 +115,6 @@ def create_topic(config: KafkaConfig, topic: str, partitions: int = 1, replicati
 def broker_settings(config: KafkaConfig) -> dict[str, str]:
     """The settings of the cluster's lowest-id broker (DescribeConfigs), e.g.
     ``transaction.max.timeout.ms``. Called by the Kafka sinks' preflight and ``oncekit doctor``."""
-    from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
-
     admin = AdminClient(config.settings())  # must outlive the future, or librdkafka cancels it
     broker = min(admin.list_topics(timeout=30).brokers)
     resource = ConfigResource(ConfigResource.Type.BROKER, str(broker))

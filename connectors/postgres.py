@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from oncekit.connectors.redact import redact_dsn
 from oncekit.core.errors import ConfigError, ServiceError
 from oncekit.core.names import TransactionId
-
-if TYPE_CHECKING:
-    import psycopg
 
 MAX_PREPARED_TRANSACTIONS = 64
 """What the services oncekit starts allow (the server's default, 0, forbids two-phase commit)."""
@@ -40,9 +40,6 @@ NETWORK_TIMEOUTS = {"keepalives": "1", "keepalives_idle": "5", "keepalives_inter
 def connect(dsn: str, autocommit: bool = False, connect_timeout: int = 10) -> psycopg.Connection[Any]:
     """A psycopg connection that fails within seconds when the server's network is gone.
     Every oncekit connection to PostgreSQL is made here."""
-    import psycopg
-    from psycopg.conninfo import conninfo_to_dict, make_conninfo
-
     given = conninfo_to_dict(dsn)
     defaults = {key: value for key, value in NETWORK_TIMEOUTS.items() if key not in given}
     if "connect_timeout" not in given:
@@ -52,8 +49,6 @@ def connect(dsn: str, autocommit: bool = False, connect_timeout: int = 10) -> ps
 
 def check_server(dsn: str) -> None:
     """Raise unless the server accepts a connection and answers a query."""
-    import psycopg
-
     try:
         with connect(dsn, autocommit=True, connect_timeout=5) as conn:
             conn.execute("SELECT 1")

@@ -10,10 +10,8 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+from pyspark.sql import SparkSession
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
@@ -41,8 +39,6 @@ def spark_session(app_name: str = "oncekit", master: str | None = None, conf: Ma
 
     ``master`` defaults to ``SPARK_MASTER``, then to what spark-submit was given (local[*] if nothing).
     """
-    from pyspark.sql import SparkSession
-
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name)
     master = master or os.environ.get("SPARK_MASTER")
