@@ -47,6 +47,7 @@ class Options:
     groups: tuple[str, ...]
     backend: str
     quix_python: str
+    reference_rate: int = 5_000
 
     @classmethod
     def parse(cls, argv: list[str] | None = None) -> Options:
@@ -62,6 +63,8 @@ class Options:
         parser.add_argument("--rate", type=int, default=2_000, help="latency group: records a second (default 2,000)")
         parser.add_argument("--latency-seconds", type=float, default=30.0,
                             help="latency group: how long input is produced (default 30)")
+        parser.add_argument("--reference-rate", type=int, default=5_000,
+                            help="reference group: payment events a second in its latency run (default 5,000)")
         parser.add_argument("--groups", default=",".join(GROUPS), help=f"comma-separated, of {', '.join(GROUPS)}")
         parser.add_argument("--backend", default="auto", help="services: auto, containers, local or external")
         parser.add_argument("--quix-python", default=None,
@@ -72,11 +75,12 @@ class Options:
         unknown = sorted(set(groups) - set(GROUPS))
         if unknown:
             parser.error(f"unknown group {', '.join(unknown)}; choose from {', '.join(GROUPS)}")
-        for name in ("records", "record_bytes", "partitions", "per_batch", "rate", "latency_seconds"):
+        for name in ("records", "record_bytes", "partitions", "per_batch", "rate", "latency_seconds", "reference_rate"):
             if getattr(args, name) <= 0:
                 parser.error(f"--{name.replace('_', '-')} must be positive")
         return cls(args.records, args.record_bytes, args.partitions, args.per_batch, max(0, args.warmup), args.rate,
-                   args.latency_seconds, groups, args.backend, args.quix_python or default_quix_python())
+                   args.latency_seconds, groups, args.backend, args.quix_python or default_quix_python(),
+                   args.reference_rate)
 
     def describe(self) -> str:
         return (f"{self.records:,} records of {self.record_bytes} bytes, {self.partitions} partitions, "

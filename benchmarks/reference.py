@@ -1,21 +1,346 @@
-"""5. The reference pipeline (reference/): a hook for its measurement.
+"""5. The reference pipeline (reference/): one query from a payments topic into balances,
+per-minute totals, late events and dead letters in PostgreSQL and balance updates in Kafka.
 
-To be filled: run the reference pipeline on ``services`` over ``options.records`` records and
-return its table (read its outputs back before a figure counts, as every group does).
+Two runs, each on topics and tables of its own, each checked as the demo's report checks
+(:func:`oncekit.reference.demo.check` against :func:`oncekit.reference.demo.expected`) before
+a figure counts:
+
+- sustained throughput: ``options.records`` payment events (1% upstream duplicates, 2% late,
+  0.5% malformed) produced first, then the pipeline run once with an availableNow trigger until
+  the topic is drained, ``options.per_batch`` records a batch; timed from the query's start to
+  its end, and its first batch (Python worker start-up included) on its own;
+- latency: payments produced at ``options.reference_rate`` events a second for
+  ``options.latency_s`` seconds into the pipeline on a 1 s processingTime trigger, after a
+  warm-up of ``options.warmup`` events. A read_committed consumer of the balance-updates topic
+  times, per payment, produce to visible: an update of account A with ``events`` = n makes the
+  first n unique payments of A visible (A's payments sit in one partition in produce order).
+  Duplicates and malformed records are not payments of a balance and are not timed.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import json
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
+from confluent_kafka import Producer
+
+from benchmarks.cases import failure
+from benchmarks.data import committed_reader, records
+from benchmarks.latency import percentile
 from benchmarks.table import Row, Table
+from oncekit.connectors import KafkaConfig
+from oncekit.reference import config as pipeline_config
+from oncekit.reference.demo import Expected, check, expected
+from oncekit.reference.generator import Event, Workload, events, produce
+from oncekit.reference.outputs import Observed, observe
+from oncekit.reference.pipeline import ReferencePipeline
 
 if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
     from benchmarks.environment import Options
     from oncekit.connectors import Services
+    from oncekit.reference.config import PipelineConfig
+
+ACCOUNTS = 1_000
+DUPLICATES, LATE, MALFORMED = 0.01, 0.02, 0.005
+WARMUP_SEED, THROUGHPUT_SEED, LATENCY_SEED = 4, 5, 6
+TRIGGER_S = 1
+COLUMNS = ("events", "seconds", "events/s", "batch 1 s", "p50 ms", "p99 ms")
+WAIT_S = 120.0  # how long output may take to become visible once input has stopped
+
+
+def workload(count: int, seed: int) -> Workload:
+    return Workload(count=count, accounts=ACCOUNTS, duplicates=DUPLICATES, late=LATE, malformed=MALFORMED, seed=seed)
+
+
+def pipeline_for(services: Services, options: Options, kind: str, **overrides: Any) -> PipelineConfig:
+    """The packaged configuration with topics and tables of this run's own (sink ids derive
+    from the table names, so runs never share prepared transactions or markers)."""
+    name = f"bench_ref_{kind}_{uuid.uuid4().hex[:8]}"
+    names = {
+        "topics.payments": f"{name}-payments".replace("_", "-"),
+        "topics.balance_updates": f"{name}-balance-updates".replace("_", "-"),
+        "topics.partitions": options.partitions,
+        "tables.balances": f"{name}_balances", "tables.minute_totals": f"{name}_minutes",
+        "tables.late_events": f"{name}_late", "tables.dead_letters": f"{name}_dead",
+        "pipeline.max_offsets_per_trigger": options.per_batch,
+    }
+    loaded = pipeline_config.load(None, {**names, **overrides})
+    return loaded.with_services(services.kafka.bootstrap_servers, services.postgres.dsn)
+
+
+def verdict(want: Expected, config: PipelineConfig, seconds: float) -> tuple[str | None, Observed]:
+    """The demo's report on the outputs: None when every line is OK, else the first failing line."""
+    got = observe(config)
+    report = check(want, got, restarts=0, seconds=seconds, crashed=False)
+    bad = next(((name, detail) for name, detail, ok in report.lines if not ok), None)
+    return (None if bad is None else f"FAILED: {bad[0]}: {bad[1]}"), got
+
+
+def summary(got: Observed) -> str:
+    return (f"report OK: {len(got.balances):,} balances, {len(got.updates):,} updates, {len(got.totals):,} "
+            f"minute totals, {len(got.late):,} late, {got.dead_letters:,} dead letters, {got.prepared} prepared")
+
+
+# -- 1. sustained throughput -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Throughput:
+    events: int
+    seconds: float
+    batches: list[tuple[int, float]]  # (input rows, seconds) per batch, from the query's progress
+
+
+def drain(spark: SparkSession, config: PipelineConfig, sent: int) -> Throughput:
+    with tempfile.TemporaryDirectory() as checkpoint:
+        pipeline = ReferencePipeline(config, checkpoint)
+        started = time.perf_counter()
+        pipeline.run(spark, poll_s=0.05)
+        seconds = time.perf_counter() - started
+        progress = [p for q in pipeline.active for p in q.recentProgress]
+    return Throughput(sent, seconds, batch_times(progress))
+
+
+def batch_times(progress: list[Any]) -> list[tuple[int, float]]:
+    """(input rows, seconds) of each batch that read input, from the query's progress."""
+    return [(int(p["numInputRows"]), int(p["durationMs"]["triggerExecution"]) / 1000) for p in progress
+            if int(p["numInputRows"])]
+
+
+def throughput_rows(services: Services, options: Options, spark: SparkSession, count: int, seed: int) -> list[Row]:
+    """The sustained case on ``count`` payment events: its row, and one for the batches after
+    the first when there are any."""
+    case = f"sustained: availableNow, {options.per_batch:,} per batch"
+    steady = "  the batches after batch 1"
+    try:
+        config = pipeline_for(services, options, "tput", **{"pipeline.trigger_s": 0})
+        ReferencePipeline(config).prepare()
+        load = workload(count, seed)
+        print(f"  {case}: producing {count:,} payment events", file=sys.stderr, flush=True)
+        sent = produce(KafkaConfig(config.kafka_bootstrap()), config.topics.payments, load)
+        print(f"  {case}: running the pipeline over {sent:,} records", file=sys.stderr, flush=True)
+        run = drain(spark, config, sent)
+        bad, got = verdict(expected(load, config.pipeline.allowed_lateness_s), config, run.seconds)
+    except Exception as exc:  # the latency run still runs
+        return [Row.failed(case, failure(exc))]
+    if bad is not None:
+        return [Row.failed(case, bad)]
+    first_rows, first_s = run.batches[0] if run.batches else (0, 0.0)
+    rows = [Row(case, {"events": run.events, "seconds": run.seconds, "events/s": run.events / run.seconds,
+                       "batch 1 s": first_s}, summary(got))]
+    rest = run.batches[1:]
+    if rest:
+        rest_rows, rest_s = sum(n for n, _ in rest), sum(s for _, s in rest)
+        rows.append(Row(steady, {"events": rest_rows, "seconds": rest_s, "events/s": rest_rows / rest_s},
+                        f"{len(rest)} batches, time in batches from the query's progress (batch 1: "
+                        f"{first_rows:,} records)"))
+    return rows
+
+
+# -- 2. latency at a fixed rate ----------------------------------------------------------------
+
+
+class UpdateReader(threading.Thread):
+    """Reads the balance updates as they become visible: (account, events, monotonic time seen)
+    per record, and per account the highest events count seen."""
+
+    def __init__(self, kafka: KafkaConfig, topic: str) -> None:
+        super().__init__(name=f"reference-latency-{topic}", daemon=True)
+        self.kafka, self.topic = kafka, topic
+        self.updates: list[tuple[int, int, float]] = []
+        self.visible: dict[int, int] = {}
+        self.error: BaseException | None = None
+        self.ready = threading.Event()
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        try:
+            with committed_reader(self.kafka, self.topic) as (consumer, _):
+                self.ready.set()
+                while not self.done.is_set():
+                    batch = records(consumer.consume(10_000, timeout=0.05))
+                    seen = time.monotonic()
+                    for message in batch:
+                        update = json.loads(message.value())
+                        account, count = int(update["account_id"]), int(update["events"])
+                        self.updates.append((account, count, seen))
+                        if count > self.visible.get(account, 0):
+                            self.visible[account] = count
+        except BaseException as exc:  # reported by the row, not lost in the thread
+            self.error = exc
+        finally:
+            self.ready.set()
+
+    def reached(self, counts: dict[int, int]) -> bool:
+        if self.error is not None:
+            raise self.error
+        return all(self.visible.get(a, 0) >= n for a, n in counts.items())
+
+
+@dataclass
+class Produced:
+    """Per account: how many unique payments it had before the measured part, and the monotonic
+    produce time of each measured one, in produce order."""
+
+    base: dict[int, int] = field(default_factory=dict)
+    times: dict[int, list[float]] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def counts(self) -> dict[int, int]:
+        return {a: self.base.get(a, 0) + len(self.times.get(a, [])) for a in {*self.base, *self.times}}
+
+
+def send(producer: Any, topic: str, event: Event) -> None:
+    while True:
+        try:
+            producer.produce(topic, key=event.key, value=event.value)
+            return
+        except BufferError:  # librdkafka's queue is full: let it drain
+            producer.poll(0.05)
+
+
+def produce_paced(producer: Any, topic: str, measured: list[Event], rate: int, produced: Produced) -> None:
+    """``measured`` at ``rate`` records a second, each unique payment's produce time kept."""
+    started, i = time.monotonic(), 0
+    while i < len(measured):
+        due = min(len(measured), int((time.monotonic() - started) * rate) + 1)
+        while i < due:
+            event = measured[i]
+            stamp = time.monotonic()
+            send(producer, topic, event)
+            if event.unique:
+                produced.times.setdefault(int(event.key), []).append(stamp)
+            i += 1
+        producer.poll(0)
+        time.sleep(0.002)
+    produced.seconds = time.monotonic() - started
+
+
+def wait_visible(reader: UpdateReader, pipeline: ReferencePipeline, counts: dict[int, int], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not reader.reached(counts):
+        for query in pipeline.active:
+            if query.exception() is not None:
+                raise RuntimeError(f"query {query.name} failed: {query.exception()}")
+        if time.monotonic() > deadline:
+            missing = sum(max(0, n - reader.visible.get(a, 0)) for a, n in counts.items())
+            raise TimeoutError(f"{missing:,} payments not visible in the balance updates {timeout_s:.0f} s after input")
+        time.sleep(0.05)
+
+
+def latencies_ms(reader: UpdateReader, produced: Produced) -> list[float]:
+    """Per measured payment: its produce time to the first update that includes it."""
+    shown = dict(produced.base)
+    out: list[float] = []
+    for account, count, seen in reader.updates:
+        base, times = produced.base.get(account, 0), produced.times.get(account, [])
+        for k in range(max(shown.get(account, 0), base) + 1, min(count, base + len(times)) + 1):
+            out.append((seen - times[k - base - 1]) * 1000)
+        shown[account] = max(shown.get(account, 0), count)
+    return out
+
+
+def latency_row(services: Services, options: Options, spark: SparkSession) -> Row:
+    rate, seconds = options.reference_rate, options.latency_s
+    case = f"latency: {rate:,} events/s for {seconds:.0f} s, processingTime {TRIGGER_S} s"
+    try:
+        config = pipeline_for(services, options, "latency", **{"pipeline.trigger_s": TRIGGER_S})
+        ReferencePipeline(config).prepare()
+        kafka = KafkaConfig(config.kafka_bootstrap())
+        load = workload(options.warmup + int(rate * seconds), LATENCY_SEED)
+        sent = list(events(load))
+        # The warm-up is the workload's first options.warmup events (a duplicate follows its original).
+        split = next((i for i, index in enumerate(_positions(sent)) if index >= options.warmup), len(sent))
+        warm, measured = sent[:split], sent[split:]
+        produced = Produced()
+        for event in warm:
+            if event.unique:
+                produced.base[int(event.key)] = produced.base.get(int(event.key), 0) + 1
+        print(f"  {case}: warm-up {len(warm):,} records, then {len(measured):,}", file=sys.stderr, flush=True)
+        reader = UpdateReader(kafka, config.topics.balance_updates)
+        producer = Producer(kafka.settings(linger_ms=5, enable_idempotence=True))
+        with tempfile.TemporaryDirectory() as checkpoint:
+            pipeline = ReferencePipeline(config, checkpoint)
+            reader.start()
+            try:
+                reader.ready.wait(60)
+                pipeline.start(spark)
+                for event in warm:
+                    send(producer, config.topics.payments, event)
+                producer.flush(60)
+                wait_visible(reader, pipeline, dict(produced.base), WAIT_S)
+                produce_paced(producer, config.topics.payments, measured, rate, produced)
+                if producer.flush(60):
+                    raise RuntimeError("payments still undelivered 60 s after the last was produced")
+                wait_visible(reader, pipeline, produced.counts(), WAIT_S)
+                pipeline.stop_at_batch_boundary()
+            finally:
+                pipeline.stop()
+                reader.done.set()
+                reader.join(30)
+            ran = batch_times([p for q in pipeline.active for p in q.recentProgress])
+        if reader.error is not None:
+            raise reader.error
+        bad, got = verdict(expected(load, config.pipeline.allowed_lateness_s), config, seconds)
+    except Exception as exc:
+        return Row.failed(case, failure(exc))
+    if bad is not None:
+        return Row.failed(case, bad)
+    ordered = sorted(latencies_ms(reader, produced))
+    timed = sum(len(t) for t in produced.times.values())
+    if len(ordered) != timed:
+        return Row.failed(case, f"FAILED: {len(ordered):,} payments timed, {timed:,} produced")
+    return Row(case, {"events": len(measured), "seconds": produced.seconds, "events/s": len(measured) / produced.seconds,
+                      "p50 ms": percentile(ordered, 0.5), "p99 ms": percentile(ordered, 0.99)},
+               f"{timed:,} payments timed; {len(ran)} batches, {sum(t for _, t in ran) / max(1, len(ran)):.1f} s "
+               f"mean, {max((t for _, t in ran), default=0.0):.1f} s max; {summary(got)}")
+
+
+def _positions(sent: list[Event]) -> list[int]:
+    """The workload index of each record (a duplicate has its original's)."""
+    out, index = [], -1
+    for event in sent:
+        if event.unique or event.key == b"malformed":
+            index += 1
+        out.append(index)
+    return out
 
 
 def reference_pipeline(services: Services, options: Options) -> Table:
-    table = Table("5. Reference pipeline (reference/)", ("seconds", "records/s"), ("records/s",), "")
-    table.rows.append(Row("reference pipeline", {}, "not yet measured"))
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.getActiveSession()  # the harness's (environment.bench): one session per process
+    if spark is None:
+        raise RuntimeError("the reference group runs inside the harness's Spark session (python -m benchmarks)")
+    print("5. Reference pipeline", file=sys.stderr, flush=True)
+    table = Table(
+        f"5. Reference pipeline (reference/): payments over {ACCOUNTS:,} accounts ({DUPLICATES:.0%} upstream "
+        f"duplicates, {LATE:.0%} late, {MALFORMED:.1%} malformed), {options.partitions} partitions",
+        COLUMNS, (), "",
+        notes=["One query: Kafka payments -> dedup (JVM) -> transformWithState by account -> fan-out to balances "
+               "(PostgreSQL 2PC), balance updates (Kafka transactional), minute totals, late events and dead letters "
+               "(PostgreSQL idempotent). Every run is checked line by line as `oncekit demo` checks its report.",
+               f"Sustained: {options.records:,} payment events, timed from the query's start to its end, after a "
+               f"warm-up run of {options.warmup:,} through pipeline outputs of its own; batch 1 s is the first batch "
+               "(Python worker start-up included); events counts every record read (duplicates and malformed ones "
+               "too).",
+               "Latency: produce to visible in the balance-updates topic (read_committed), per unique payment, "
+               f"after a warm-up of {options.warmup:,} events; seconds and events/s are the producer's."])
+    if options.warmup:  # as every group: the case once on the warm-up's size, its rows dropped
+        throughput_rows(services, options, spark, options.warmup, WARMUP_SEED)
+    table.rows += throughput_rows(services, options, spark, options.records, THROUGHPUT_SEED)
+    table.rows.append(latency_row(services, options, spark))
+    sustained, latency = table.rows[0], table.rows[-1]
+    if sustained.ok and latency.ok and options.reference_rate > sustained.figures["events/s"]:
+        table.notes.append(f"The latency run's {options.reference_rate:,} events/s is above the sustained rate measured "
+                           f"here ({sustained.figures['events/s']:,.0f} events/s): its latency is mostly the backlog "
+                           "growing over the run.")
     return table
