@@ -10,6 +10,7 @@ Use it as ``spark.readStream.format("oncekit-kafka")`` after :func:`register` (o
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 import re
@@ -17,11 +18,11 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from oncekit.connectors.redact import redact_config
 from oncekit.core.errors import ConfigError, DataLossError, OncekitError, SourceReadError
@@ -193,7 +194,7 @@ class KafkaPartitionReader:
                 self.options.drop_shared_consumer()
 
     def _read(self, consumer: Consumer, topic: str, partition: int, start: int, end: int) -> Iterator[pa.RecordBatch]:
-        low, _ = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
+        low = _low_watermark(consumer, topic, partition)
         if start < low:
             lost = f"{FORMAT}: topic {topic} partition {partition}: offsets {start}..{min(low, end) - 1} are gone (log starts at {low})"
             if self.options.fail_on_data_loss:
@@ -222,32 +223,46 @@ class KafkaPartitionReader:
                 )
 
     def _to_arrow(self, topic: str, partition: int, messages: list[Any], end: int) -> pa.RecordBatch:
-        """One pass over the messages (the only per-record Python work left; librdkafka hands
-        out one object per message), then columns built by Arrow."""
-        rows = [(m.error(), m.key(), m.value(), m.offset(), *m.timestamp()) for m in messages]
-        errors, keys, values, offsets, stamp_types, stamps = zip(*rows)
-        if any(errors):
-            raise KafkaException(next(e for e in errors if e))
-        count = len(rows)
-        if offsets[-1] >= end:  # prefetched records past the range belong to the next batch
-            count = sum(1 for offset in offsets if offset < end)
-        millis = pa.array(stamps[:count], pa.int64())
+        """The messages before ``end`` as one Arrow batch. librdkafka hands out one object per
+        message, so each column takes one ``map`` of a C accessor over them (no Python code per
+        message); topic and partition are constants of the range."""
+        error = next(filter(None, map(Message.error, messages)), None)
+        if error is not None:
+            raise KafkaException(error)
+        offsets = cast(list[int], list(map(Message.offset, messages)))  # fetched messages have offsets
+        # prefetched records past the range belong to the next batch
+        count = bisect.bisect_left(offsets, end)
+        if count < len(messages):
+            messages, offsets = messages[:count], offsets[:count]
+        stamp_types, stamps = zip(*map(Message.timestamp, messages)) if messages else ((), ())
         columns = [
-            pa.array(keys[:count], pa.binary()),
-            pa.array(values[:count], pa.binary()),
+            pa.array(list(map(Message.key, messages)), pa.binary()),
+            pa.array(list(map(Message.value, messages)), pa.binary()),
             pa.repeat(pa.scalar(topic, pa.string()), count),
             pa.repeat(pa.scalar(partition, pa.int32()), count),
-            pa.array(offsets[:count], pa.int64()),
-            pc.multiply(millis, 1000).cast(pa.timestamp("us", tz="UTC")),
-            pa.array(stamp_types[:count], pa.int32()),
+            pa.array(offsets, pa.int64()),
+            pc.multiply(pa.array(stamps, pa.int64()), 1000).cast(pa.timestamp("us", tz="UTC")),
+            pa.array(stamp_types, pa.int32()),
         ]
         names = ["key", "value", "topic", "partition", "offset", "timestamp", "timestampType"]
         if self.options.include_headers:
             header_type = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
-            columns.append(pa.array([[{"key": k, "value": v} for k, v in (m.headers() or [])] for m in messages[:count]],
+            columns.append(pa.array([[{"key": k, "value": v} for k, v in (m.headers() or [])] for m in messages],
                                     header_type))
             names.append("headers")
         return pa.RecordBatch.from_arrays(columns, names=names)
+
+
+def _low_watermark(consumer: Consumer, topic: str, partition: int) -> int:
+    """Where the partition's log starts. A long-lived consumer's metadata may predate a partition
+    the driver has just planned (partitions added to the topic): then refresh it once."""
+    try:
+        return int(consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)[0])
+    except KafkaException as exc:
+        if exc.args[0].code() != KafkaError._UNKNOWN_PARTITION:
+            raise
+        consumer.list_topics(topic, timeout=30)
+        return int(consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)[0])
 
 
 def watermarks(options: KafkaSourceOptions) -> dict[tuple[str, int], tuple[int, int]]:
