@@ -46,6 +46,22 @@ DEFAULT_TRANSACTION_TIMEOUT_MS = 60_000  # the broker's transaction.max.timeout.
 ClientT = TypeVar("ClientT", Producer, Consumer)
 
 
+class _ExpectedFencing(logging.Filter):
+    """librdkafka logs a producer fenced by a newer instance as fatal. For a pooled producer
+    that is expected (another worker's producer of the same transactional id took over, and the
+    task starts over with a fresh one), so those lines go to DEBUG; everything else stays."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno > logging.DEBUG and "fenced" in record.getMessage().lower():
+            _CLIENT_LOG.debug("%s", record.getMessage())
+            return False
+        return True
+
+
+_CLIENT_LOG = logging.getLogger(__name__ + ".librdkafka")
+_CLIENT_LOG.addFilter(_ExpectedFencing())
+
+
 class _ClientPool:
     """Clients of this Python process, kept across tasks and batches (Spark reuses its Python
     workers): a task takes one for its exclusive use and gives it back when it succeeded; a
@@ -173,7 +189,7 @@ class KafkaSinkBase:
     def _new_producer(self, **extra: Any) -> Producer:
         # Delivery reports for failed records only: no Python callback per delivered record.
         return Producer(self.config.kafka.settings(linger_ms=5, delivery_report_only_error=True,
-                                                   queue_buffering_max_messages=1_000_000, **extra))
+                                                   queue_buffering_max_messages=1_000_000, logger=_CLIENT_LOG, **extra))
 
     def take_producer(self, transactional_id: KafkaTransactionalId | None, fresh: bool = False) -> Producer:
         """A producer of this process's pool (a new one when ``fresh``): idempotent (``None``) or
