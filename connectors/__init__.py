@@ -1,24 +1,39 @@
 """Per external system: client configuration, admin calls and preflight checks (``kafka``,
 ``postgres``, ``redact``: what runs inside jobs), and service start-up (``services/``).
 
-May import core's errors and the client libraries; never sinks, sources or Spark.
+May import core's errors and the client libraries; never sinks, sources or Spark. The names
+below load their module on first use, so a job that needs the Kafka client does not import
+psycopg, testcontainers or the service backends (every Spark Python worker pays its imports).
 """
 
 from __future__ import annotations
 
-from oncekit.connectors.kafka import KafkaConfig
-from oncekit.connectors.postgres import PostgresConfig
-from oncekit.connectors.redact import redact_config, redact_dsn
-from oncekit.connectors.services import start_services
-from oncekit.connectors.services.base import KafkaService, PostgresService, Services
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
 
-__all__ = [
-    "KafkaConfig",
-    "KafkaService",
-    "PostgresConfig",
-    "PostgresService",
-    "Services",
-    "redact_config",
-    "redact_dsn",
-    "start_services",
-]
+if TYPE_CHECKING:
+    from oncekit.connectors.kafka import KafkaConfig
+    from oncekit.connectors.postgres import PostgresConfig
+    from oncekit.connectors.redact import redact_config, redact_dsn
+    from oncekit.connectors.services import start_services
+    from oncekit.connectors.services.base import KafkaService, PostgresService, Services
+
+_LAZY = {
+    "KafkaConfig": "oncekit.connectors.kafka",
+    "PostgresConfig": "oncekit.connectors.postgres",
+    "redact_config": "oncekit.connectors.redact",
+    "redact_dsn": "oncekit.connectors.redact",
+    "start_services": "oncekit.connectors.services",
+    "KafkaService": "oncekit.connectors.services.base",
+    "PostgresService": "oncekit.connectors.services.base",
+    "Services": "oncekit.connectors.services.base",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'oncekit.connectors' has no attribute {name!r}")
+
+
+__all__ = sorted(_LAZY)

@@ -72,10 +72,13 @@ class CheckpointEngine:
 
     def checkpoint(self, batch_id: int, committables: Sequence[Committable]) -> None:
         """Driver, in the stream writer's commit for ``batch_id``, before Spark's commit log:
-        catch up on earlier completed checkpoints, journal this one, drop lost attempts."""
+        catch up on earlier completed checkpoints, journal this one, drop lost attempts. A batch
+        with nothing to commit later (every task committed its own output) leaves no entry: the
+        journal exists to find committables."""
         self.complete(batch_id - 1)
-        self.journal.write(batch_id, committables)
-        logger.info("sink %s batch %s: journaled %s committables", self.sink.sink_id, batch_id, len(committables))
+        if committables:
+            self.journal.write(batch_id, committables)
+            logger.info("sink %s batch %s: journaled %s committables", self.sink.sink_id, batch_id, len(committables))
         crash_point("driver_after_journal", batch_id)
         kept = {c.key for c in committables}
         lost = [c for c in self.sink.leftovers([batch_id]) if c.key not in kept]

@@ -1,18 +1,10 @@
-"""Spark data sources for oncekit's sinks: ``format("oncekit-postgres")``, ``format("oncekit-kafka-sink")``."""
+"""Every sink's Spark data source, for :func:`oncekit.sinks.register`. Each sink package keeps its
+own in its ``_spark.py``, so that a job writing to Kafka never imports the PostgreSQL client."""
 
 from __future__ import annotations
 
 from oncekit.core.spark.writer import SinkDataSource
-from oncekit.sinks.kafka.config import KafkaSinkConfig
-from oncekit.sinks.postgres.config import PostgresSinkConfig
-
-
-class PostgresDataSource(SinkDataSource):
-    config_type = PostgresSinkConfig
-
-
-class KafkaSinkDataSource(SinkDataSource):
-    config_type = KafkaSinkConfig
-
+from oncekit.sinks.kafka._spark import KafkaSinkDataSource
+from oncekit.sinks.postgres._spark import PostgresDataSource
 
 DATA_SOURCES: tuple[type[SinkDataSource], ...] = (PostgresDataSource, KafkaSinkDataSource)

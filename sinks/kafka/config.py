@@ -73,7 +73,7 @@ class KafkaSinkConfig(SinkConfig):
 
     @classmethod
     def data_source(cls) -> type:
-        from oncekit.sinks._spark import KafkaSinkDataSource
+        from oncekit.sinks.kafka._spark import KafkaSinkDataSource
 
         return KafkaSinkDataSource
 

@@ -79,7 +79,7 @@ class PostgresSinkConfig(SinkConfig):
 
     @classmethod
     def data_source(cls) -> type:
-        from oncekit.sinks._spark import PostgresDataSource
+        from oncekit.sinks.postgres._spark import PostgresDataSource
 
         return PostgresDataSource
 
