@@ -7,9 +7,9 @@ of the four loads its own module on first use.
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from oncekit.core._lazy import lazy_attributes
 from oncekit.core.errors import ConfigError, OncekitError, ServiceError
 
 if TYPE_CHECKING:
@@ -28,11 +28,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'oncekit' has no attribute {name!r}")
-
+__getattr__ = lazy_attributes(__name__, _LAZY)
 
 __all__ = ["ConfigError", "OncekitError", "ServiceError", "__version__", "kafka_sink", "kafka_stream",
            "postgres_sink", "start_query"]

@@ -8,8 +8,9 @@ psycopg, testcontainers or the service backends (every Spark Python worker pays 
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from oncekit.core._lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from oncekit.connectors.kafka import KafkaConfig
@@ -30,10 +31,6 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'oncekit.connectors' has no attribute {name!r}")
-
+__getattr__ = lazy_attributes(__name__, _LAZY)
 
 __all__ = sorted(_LAZY)
