@@ -33,4 +33,5 @@ _LAZY = {
 
 __getattr__ = lazy_attributes(__name__, _LAZY)
 
-__all__ = sorted(_LAZY)
+__all__ = ["KafkaConfig", "KafkaService", "PostgresConfig", "PostgresService", "Services", "redact_config",
+           "redact_dsn", "start_services"]
