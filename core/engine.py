@@ -73,12 +73,11 @@ class CheckpointEngine:
     def checkpoint(self, batch_id: int, committables: Sequence[Committable]) -> None:
         """Driver, in the stream writer's commit for ``batch_id``, before Spark's commit log:
         catch up on earlier completed checkpoints, journal this one, drop lost attempts. A batch
-        with nothing to commit later (every task committed its own output) leaves no entry: the
-        journal exists to find committables."""
+        with nothing to commit later is journaled too: its checkpoint-complete notification is
+        still the sink's to hear (and the crash points' to test)."""
         self.complete(batch_id - 1)
-        if committables:
-            self.journal.write(batch_id, committables)
-            logger.info("sink %s batch %s: journaled %s committables", self.sink.sink_id, batch_id, len(committables))
+        self.journal.write(batch_id, committables)
+        logger.info("sink %s batch %s: journaled %s committables", self.sink.sink_id, batch_id, len(committables))
         crash_point("driver_after_journal", batch_id)
         kept = {c.key for c in committables}
         lost = [c for c in self.sink.leftovers([batch_id]) if c.key not in kept]
