@@ -1,8 +1,9 @@
 """PostgreSQL sinks (psycopg 3), one module per protocol: ``two_phase_commit``,
 ``write_ahead_log``, ``idempotent``, ``at_least_once``; ``config`` holds :func:`postgres_sink`.
 
-Every protocol writes with COPY (Arrow batches rendered to CSV in C by pyarrow), and merges by
-key through a staging table where keys are declared; never row-by-row INSERT. A row the target
+Every protocol writes a partition with one COPY (Arrow batches rendered to CSV by pyarrow and
+numpy) on connections pooled per process; where keys are declared, rows whose keys the target
+already holds are merged through a staging table; never row-by-row INSERT. A row the target
 refuses fails the batch with an error that names the sink, batch, partition, row and column,
 or, with ``dead_letter_table``, goes there with the server's error text while the rest commits.
 """

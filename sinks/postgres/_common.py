@@ -1,6 +1,17 @@
-"""What the PostgreSQL sinks' protocols share: connections with a lock timeout, preflight of the
-target, Arrow batches rendered to CSV and written with COPY (merged by key through a staging
-table), and the names of the kit's own tables.
+"""What the PostgreSQL sinks' protocols share: pooled connections, preflight of the target, the
+partition writer (Arrow batches streamed as CSV through one COPY; a merge by key through a
+staging table when the target already holds a key), and the names of the kit's own tables.
+
+Staging tables (only where ``key_columns`` are declared) are made once and reused:
+
+- temporary ``oncekit_stage_<digest>`` per pooled connection and target, for the protocols that
+  commit in the task or on the driver (idempotent, at-least-once, write-ahead log);
+- unlogged ``oncekit_stage_<digest>_<partition>`` in the target's schema per (sink, stream
+  columns, partition), for two-phase commit (PostgreSQL cannot PREPARE a transaction that
+  touched a temporary table). The transaction empties it with TRUNCATE, so it never holds dead
+  rows; concurrent attempts of one partition wait for each other there (a deadlock between them
+  fails one attempt, which Spark retries). They hold no data between transactions and may be
+  dropped whenever no query runs.
 
 Never row-by-row INSERT: a refused row fails the batch with an error naming sink, batch,
 partition, row and column, or, with a dead-letter table, goes there with the server's error text.
@@ -9,22 +20,24 @@ partition, row and column, or, with a dead-letter table, goes there with the ser
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import logging
 import re
-from collections.abc import Iterator
+import weakref
+from collections.abc import Iterable, Iterator
+from contextlib import ExitStack, contextmanager
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import psycopg
 import pyarrow as pa
-import pyarrow.csv as pacsv
 from psycopg import sql
 
-from oncekit.connectors.postgres import connect
 from oncekit.connectors.redact import redact_dsn
 from oncekit.core.errors import BadRecordError, ConfigError, OncekitError
 from oncekit.core.protocol import Sink, TaskInfo
+from oncekit.sinks.postgres._csv import csv_for_copy
+from oncekit.sinks.postgres._pool import LOCK_TIMEOUT_S, POOL
 
 if TYPE_CHECKING:
     from oncekit.sinks.postgres.config import PostgresSinkConfig
@@ -34,7 +47,20 @@ logger = logging.getLogger(__name__)
 FORMAT = "oncekit-postgres"
 MARKER_TABLE = "oncekit_markers"
 CHECKPOINT_TABLE = "oncekit_checkpoints"
-LOCK_TIMEOUT_S = 60
+ORDINAL = "oncekit_row"
+"""The staging tables' extra column: a row's position in its COPY, which orders repeated keys."""
+
+SEGMENT_BYTES = 64 << 20
+"""For a sink that merges or has a dead-letter table, the Arrow bytes one COPY carries at most:
+a refused segment is written again from memory, so this bounds what the writer keeps."""
+
+_SAVEPOINT = "oncekit_rows"
+_REFUSED = (psycopg.errors.DataError, psycopg.errors.IntegrityError)
+
+# Temporary staging tables each pooled connection has made (they live as long as its session).
+_temporary_tables: weakref.WeakKeyDictionary[psycopg.Connection[Any], set[str]] = weakref.WeakKeyDictionary()
+# Unlogged staging tables this process has made, by connection string.
+_unlogged_tables: set[tuple[str, str]] = set()
 
 
 def identifier(name: str) -> sql.Identifier:
@@ -47,42 +73,177 @@ def in_schema_of(table: str, other: str) -> str:
     return f"{table.split('.', 1)[0]}.{other}" if "." in table else other
 
 
-def csv_for_copy(batch: pa.RecordBatch) -> bytes:
-    """One Arrow batch as CSV for COPY: NULL is an unquoted empty field, text is always quoted,
-    bytes are rendered as bytea hex."""
-    columns = []
-    for column in batch.columns:
-        if pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type):
-            column = pa.array([None if v is None else "\\x" + v.hex() for v in column.to_pylist()], pa.string())
-        elif pa.types.is_nested(column.type):
-            column = pa.array([None if v is None else json.dumps(v, default=str) for v in column.to_pylist()], pa.string())
-        columns.append(column)
-    out = io.BytesIO()
-    pacsv.write_csv(pa.RecordBatch.from_arrays(columns, names=batch.schema.names), out,
-                    pacsv.WriteOptions(include_header=False))
-    return out.getvalue()
+def _digest(*parts: str) -> str:
+    return hashlib.sha1("\0".join(parts).encode()).hexdigest()[:16]
 
 
 class TableWriter:
-    """Writes Arrow batches into the target inside the caller's open transaction.
+    """Streams one partition's Arrow batches into the target inside the caller's open transaction.
 
-    Appends COPY straight into the target; merges COPY into a staging table and run one
-    INSERT ... SELECT ... ON CONFLICT per Arrow batch. A refused row either raises
-    BadRecordError or, with a dead-letter table, is retried row by row under savepoints so that
-    only the refused rows go to the dead-letter table.
+    Task or driver: ``write`` each batch, then ``finish``. Batches stream through one COPY
+    straight into the target, so the server parses rows while the next batch is rendered. A sink
+    that merges by key, or has a dead-letter table, COPYs per segment of at most SEGMENT_BYTES
+    under a savepoint and keeps the segment's batches until it is in. A merging segment the
+    target refuses for a duplicate key (a key the target holds, or one the segment repeats) is
+    rolled back and merged instead: COPY into the staging table with each row's ordinal, one
+    INSERT ... SELECT ... ON CONFLICT, TRUNCATE the staging table. When the segment repeats a key
+    (found in Arrow), DISTINCT ON keeps one row of it, since ON CONFLICT cannot touch a row twice
+    in one statement: the last for ``on_conflict="update"``, the first for ``"nothing"``, as
+    across batches. A segment still refused fails the batch with BadRecordError or, with a
+    dead-letter table, is retried batch by batch and a refused batch row by row, so only the
+    refused rows go there.
     """
 
-    def __init__(self, sink: PostgresSinkBase, conn: psycopg.Connection[Any], task: TaskInfo, staging: str | None) -> None:
+    def __init__(self, sink: PostgresSinkBase, conn: psycopg.Connection[Any], task: TaskInfo,
+                 staging: sql.Composable | None) -> None:
         self.sink, self.conn, self.task, self.staging = sink, conn, task, staging
+        self.config = sink.config
         self.rows = 0
+        self._guarded = bool(self.config.key_columns or self.config.dead_letter_table)
+        self._stack = ExitStack()
+        self._copy: psycopg.Copy | None = None
+        self._names: list[str] = []
+        self._segment: list[pa.RecordBatch] = []
+        self._segment_rows = 0
+        self._segment_bytes = 0
 
     def write(self, batch: pa.RecordBatch) -> None:
-
+        """Send one batch; a refusal surfaces at the end of its segment."""
         if batch.num_rows == 0:
             return
+        with self._lock_timeout():
+            if self._copy is None:
+                self._names = batch.schema.names
+                self._copy = self._open(staged=False)
+            self._send(self._copy, batch, None)
+        self._segment_rows += batch.num_rows
+        if self._guarded:
+            self._segment.append(batch)
+            self._segment_bytes += batch.nbytes
+            if self._segment_bytes >= SEGMENT_BYTES:
+                self._close_segment()
+
+    def finish(self) -> int:
+        """End the COPY (and any merge); return the partition's rows."""
+        if self._copy is not None:
+            self._close_segment()
+        return self.rows
+
+    def _open(self, staged: bool) -> psycopg.Copy:
+        """Start a COPY into the target, or into the staging table with the ordinal column."""
+        if self._guarded:
+            self.conn.execute(f"SAVEPOINT {_SAVEPOINT}")
+        into, columns = (self.staging, [*self._names, ORDINAL]) if staged else (identifier(self.config.table), self._names)
+        statement = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT csv)").format(
+            into, sql.SQL(", ").join(map(sql.Identifier, columns)))
+        return self._stack.enter_context(self._stack.enter_context(self.conn.cursor()).copy(statement))
+
+    def _send(self, copy: psycopg.Copy, batch: pa.RecordBatch, ordinal: int | None) -> None:
+        if ordinal is not None:
+            batch = batch.append_column(ORDINAL, pa.array(np.arange(ordinal, ordinal + batch.num_rows)))
+        copy.write(memoryview(csv_for_copy(batch)))
+
+    def _end(self) -> None:
+        """End the COPY: where the server reports a refused row."""
+        self._copy = None
+        self._stack.close()
+
+    def _close_segment(self) -> None:
+        segment, rows = self._segment, self._segment_rows
+        self._segment, self._segment_rows, self._segment_bytes = [], 0, 0
+        with self._lock_timeout():
+            try:
+                self._end()
+            except _REFUSED as exc:
+                if not self._guarded:
+                    raise self._bad_record(exc) from exc
+                self._roll_back()
+                refusal = self._attempt(segment) if self._merges_after(exc) else exc
+                if refusal is not None:
+                    if not self.config.dead_letter_table:
+                        raise self._bad_record(refusal) from refusal
+                    self._salvage(segment)
+            else:
+                if self._guarded:
+                    self.conn.execute(f"RELEASE SAVEPOINT {_SAVEPOINT}")
+        self.rows += rows
+
+    def _merges_after(self, exc: psycopg.Error) -> bool:
+        """Whether a merge may take what a straight COPY refused: a duplicate key, not a bad row."""
+        return self.staging is not None and isinstance(exc, psycopg.errors.UniqueViolation)
+
+    def _attempt(self, batches: list[pa.RecordBatch]) -> psycopg.Error | None:
+        """Write ``batches`` under a savepoint (merged when the sink merges); the server's
+        refusal, rolled back, or None."""
+        staged = self.staging is not None
+        copy = self._open(staged)
         try:
-            with self.conn.transaction():  # a savepoint: a refused batch leaves the transaction usable
-                self._apply(batch)
+            ordinal = 0
+            for batch in batches:
+                self._send(copy, batch, ordinal if staged else None)
+                ordinal += batch.num_rows
+            self._end()
+            if staged:
+                self._merge(batches)
+        except _REFUSED as exc:
+            self._roll_back()
+            return exc
+        self.conn.execute(f"RELEASE SAVEPOINT {_SAVEPOINT}")
+        return None
+
+    def _merge(self, batches: list[pa.RecordBatch]) -> None:
+        keys = pa.Table.from_batches([batch.select(list(self.config.key_columns)) for batch in batches])
+        repeated = keys.group_by(keys.column_names).aggregate([]).num_rows < keys.num_rows
+        key_list = sql.SQL(", ").join(map(sql.Identifier, self.config.key_columns))
+        columns = sql.SQL(", ").join(map(sql.Identifier, self._names))
+        updates = [c for c in self._names if c not in self.config.key_columns]
+        action: sql.Composable = sql.SQL("DO NOTHING")
+        if self.config.on_conflict == "update" and updates:
+            action = sql.SQL("DO UPDATE SET {}").format(
+                sql.SQL(", ").join(sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in updates))
+        distinct: sql.Composable = sql.SQL("")
+        order: sql.Composable = sql.SQL("")
+        if repeated:
+            distinct = sql.SQL("DISTINCT ON ({}) ").format(key_list)
+            order = sql.SQL(" ORDER BY {}, {} {}").format(
+                key_list, sql.Identifier(ORDINAL), sql.SQL("DESC" if self.config.on_conflict == "update" else "ASC"))
+        self.conn.execute(sql.SQL(
+            "INSERT INTO {target} ({columns}) SELECT {distinct}{columns} FROM {staging}{order} ON CONFLICT ({keys}) {action}"
+        ).format(target=identifier(self.config.table), columns=columns, distinct=distinct, staging=self.staging,
+                 order=order, keys=key_list, action=action))
+        self.conn.execute(sql.SQL("TRUNCATE {}").format(self.staging))
+
+    def _roll_back(self) -> None:
+        self.conn.execute(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}; RELEASE SAVEPOINT {_SAVEPOINT}")
+
+    def _salvage(self, segment: list[pa.RecordBatch]) -> None:
+        """A refused segment again, batch by batch, then a refused batch row by row; refused rows
+        go to the dead-letter table with the server's error."""
+        dead = identifier(self.config.dead_letter_table or "")
+        refused, offset = 0, self.rows
+        for batch in segment:
+            if self._attempt([batch]) is not None:
+                for index in range(batch.num_rows):
+                    row = batch.slice(index, 1)
+                    exc = self._attempt([row])
+                    if exc is None:
+                        continue
+                    refused += 1
+                    record = json.dumps(row.to_pylist()[0], default=lambda v: v.hex() if isinstance(v, bytes) else str(v))
+                    self.conn.execute(
+                        sql.SQL("INSERT INTO {} (sink_id, batch_id, partition_id, row_number, record, error) "
+                                "VALUES (%s, %s, %s, %s, %s, %s)").format(dead),
+                        (self.task.sink_id, self.task.batch_id, self.task.partition_id, offset + index, record,
+                         str(exc.diag.message_primary or exc)),
+                    )
+            offset += batch.num_rows
+        logger.warning("sink %s batch %s partition %s: %s rows refused, sent to %s", self.task.sink_id,
+                       self.task.batch_id, self.task.partition_id, refused, self.config.dead_letter_table)
+
+    @contextmanager
+    def _lock_timeout(self) -> Iterator[None]:
+        try:
+            yield
         except psycopg.errors.LockNotAvailable as exc:
             raise OncekitError(
                 f"{FORMAT} sink {self.task.sink_id} batch {self.task.batch_id} partition {self.task.partition_id}: "
@@ -90,63 +251,8 @@ class TableWriter:
                 "the same key (repartition the stream by the key columns), or a lost attempt left a prepared "
                 "transaction (the restart's recovery aborts it)"
             ) from exc
-        except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as exc:
-            if self.sink.config.dead_letter_table is None:
-                raise self._bad_record(exc, batch) from exc
-            self._write_row_by_row(batch)
-        self.rows += batch.num_rows
 
-    def _apply(self, batch: pa.RecordBatch) -> None:
-
-        config = self.sink.config
-        names = batch.schema.names
-        columns = sql.SQL(", ").join(sql.Identifier(c) for c in names)
-        target = identifier(config.table)
-        into = sql.Identifier(self.staging) if self.staging else target
-        with self.conn.cursor() as cur:
-            with cur.copy(sql.SQL("COPY {} ({}) FROM STDIN (FORMAT csv)").format(into, columns)) as copy:
-                copy.write(csv_for_copy(batch))
-            if self.staging is None:
-                return
-            keys = sql.SQL(", ").join(sql.Identifier(c) for c in config.key_columns)
-            action: sql.Composable
-            if config.on_conflict == "nothing":
-                action = sql.SQL("DO NOTHING")
-            else:
-                updates = [c for c in names if c not in config.key_columns]
-                action = sql.SQL("DO UPDATE SET {}").format(
-                    sql.SQL(", ").join(sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in updates)
-                ) if updates else sql.SQL("DO NOTHING")
-            # DISTINCT ON keeps one row per key (ON CONFLICT cannot touch a row twice in one
-            # statement); ordering by ctid DESC makes it the batch's last row for that key.
-            cur.execute(sql.SQL(
-                "INSERT INTO {target} ({columns}) SELECT DISTINCT ON ({keys}) {columns} FROM {staging} "
-                "ORDER BY {keys}, ctid DESC ON CONFLICT ({keys}) {action}"
-            ).format(target=target, columns=columns, keys=keys, staging=sql.Identifier(self.staging), action=action))
-            cur.execute(sql.SQL("DELETE FROM {}").format(sql.Identifier(self.staging)))
-
-    def _write_row_by_row(self, batch: pa.RecordBatch) -> None:
-
-        dead = identifier(self.sink.config.dead_letter_table or "")
-        refused = 0
-        for index in range(batch.num_rows):
-            row = batch.slice(index, 1)
-            try:
-                with self.conn.transaction():
-                    self._apply(row)
-            except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as exc:
-                refused += 1
-                record = json.dumps(row.to_pylist()[0], default=lambda v: v.hex() if isinstance(v, bytes) else str(v))
-                self.conn.execute(
-                    sql.SQL("INSERT INTO {} (sink_id, batch_id, partition_id, row_number, record, error) "
-                            "VALUES (%s, %s, %s, %s, %s, %s)").format(dead),
-                    (self.task.sink_id, self.task.batch_id, self.task.partition_id, self.rows + index, record,
-                     str(exc.diag.message_primary or exc)),
-                )
-        logger.warning("sink %s batch %s partition %s: %s rows refused, sent to %s", self.task.sink_id,
-                       self.task.batch_id, self.task.partition_id, refused, self.sink.config.dead_letter_table)
-
-    def _bad_record(self, exc: Any, batch: pa.RecordBatch) -> BadRecordError:
+    def _bad_record(self, exc: Any) -> BadRecordError:
         diag = exc.diag
         line = re.search(r"line (\d+)", diag.context or "")
         named = re.search(r"column (\w+)", diag.context or "")
@@ -157,8 +263,9 @@ class TableWriter:
             f"{where}, column {column or '?'}: {diag.message_primary or exc}; nothing of this batch was committed"
         )
 
+
 class PostgresSinkBase(Sink):
-    """What the four protocols share: connections, preflight, the staging table. Built by
+    """What the four protocols share: connections, preflight, staging tables. Built by
     ``PostgresSinkConfig.build`` in the driver's worker, a task, or the listener."""
     def __init__(self, config: PostgresSinkConfig, checkpoint: str) -> None:
         self.config, self.checkpoint = config, checkpoint
@@ -167,24 +274,35 @@ class PostgresSinkBase(Sink):
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.config!r})"
 
-    def connect(self, autocommit: bool = False) -> psycopg.Connection[Any]:
-        """A connection whose statements give up after waiting LOCK_TIMEOUT for a lock: a task
-        blocked by a prepared transaction of a lost attempt fails (and is retried, or the query
-        restarts and recovery aborts that transaction) instead of waiting forever."""
+    def take_connection(self, autocommit: bool = False) -> psycopg.Connection[Any]:
+        """A pooled connection whose statements give up after waiting LOCK_TIMEOUT_S for a lock:
+        a task blocked by a prepared transaction of a lost attempt fails (and is retried, or the
+        query restarts and recovery aborts that transaction) instead of waiting forever. Give it
+        back with ``give_back`` or close it."""
         try:
-            conn = connect(self.config.dsn, autocommit=autocommit)
+            return POOL.take(self.config.dsn, autocommit)
         except psycopg.OperationalError as exc:
             raise OncekitError(f"{FORMAT} sink {self.sink_id}: cannot connect: {redact_dsn(str(exc)).strip()}") from exc
-        conn.execute(f"SET lock_timeout = '{LOCK_TIMEOUT_S}s'")
-        if not autocommit:
-            conn.commit()
-        return conn
+
+    def give_back(self, conn: psycopg.Connection[Any]) -> None:
+        POOL.give_back(self.config.dsn, conn)
+
+    @contextmanager
+    def connection(self, autocommit: bool = False) -> Iterator[psycopg.Connection[Any]]:
+        """A pooled connection for the block, closed if the block raised."""
+        conn = self.take_connection(autocommit)
+        try:
+            yield conn
+        except BaseException:
+            conn.close()
+            raise
+        self.give_back(conn)
 
     def preflight(self) -> None:
         """Driver, at query start: the target exists with the stream's columns and keys, and the
         kit's own tables exist."""
         config = self.config
-        with self.connect(autocommit=True) as conn:
+        with self.connection(autocommit=True) as conn:
             if conn.execute("SELECT to_regclass(%s)", (config.table,)).fetchone() == (None,):
                 raise ConfigError(f"{FORMAT} sink {self.sink_id}: table {config.table} does not exist")
             with conn.cursor() as cur:
@@ -216,30 +334,61 @@ class PostgresSinkBase(Sink):
                 "row_number bigint NOT NULL, record jsonb, error text NOT NULL, created_at timestamptz NOT NULL DEFAULT now())"
             ).format(identifier(self.config.dead_letter_table)))
 
-    def write_and_commit(self, task: TaskInfo, batches: Iterator[pa.RecordBatch]) -> int:
-        """Task: write the partition in one transaction of its own and commit it."""
-        with self.connect() as conn:
-            staging = self.staging_table(task)
-            if staging:
-                self.create_staging(conn, staging, temporary=True)
-            writer = TableWriter(self, conn, task, staging)
-            for batch in batches:
-                writer.write(batch)
-            conn.commit()
-        logger.info("sink %s batch %s partition %s: wrote and committed %s rows", self.sink_id, task.batch_id,
-                    task.partition_id, writer.rows)
-        return writer.rows
-
-    def staging_table(self, task: TaskInfo) -> str | None:
-        """A staging table name unique to the transaction, when the sink merges by key."""
+    def temporary_staging(self, conn: psycopg.Connection[Any]) -> sql.Composable | None:
+        """The staging table of the task-commit protocols and the write-ahead log, when the sink
+        merges: temporary, made on ``conn`` (autocommit, outside any transaction) the first time
+        this session needs it."""
         if not self.config.key_columns:
             return None
-        return "oncekit_stage_" + hashlib.sha1(task.transaction_id.encode()).hexdigest()[:20]
+        name = "oncekit_stage_" + _digest(self.config.table)
+        made = _temporary_tables.setdefault(conn, set())
+        if name not in made:
+            self._create_staging(conn, sql.SQL("TEMPORARY"), sql.Identifier(name))
+            made.add(name)
+        return sql.Identifier("pg_temp", name)
 
-    def create_staging(self, conn: psycopg.Connection[Any], name: str, temporary: bool) -> None:
+    def write_rows(self, conn: psycopg.Connection[Any], task: TaskInfo, batches: Iterable[pa.RecordBatch],
+                   staging: sql.Composable | None) -> int:
+        """Write one partition into ``conn``'s open (or next) transaction; the caller commits."""
+        writer = TableWriter(self, conn, task, staging)
+        for batch in batches:
+            writer.write(batch)
+        return writer.finish()
 
-        kind = sql.SQL("TEMPORARY TABLE") if temporary else sql.SQL("UNLOGGED TABLE")
-        suffix = sql.SQL(" ON COMMIT DROP") if temporary else sql.SQL("")
-        conn.execute(sql.SQL("CREATE {} {} (LIKE {} INCLUDING DEFAULTS){}").format(
-            kind, sql.Identifier(name), identifier(self.config.table), suffix))
+    def unlogged_staging(self, conn: psycopg.Connection[Any], task: TaskInfo) -> sql.Composable | None:
+        """Two-phase commit's staging table for ``task``'s partition, made (outside any
+        transaction, on ``conn`` in autocommit mode) the first time this process needs it."""
+        if not self.config.key_columns:
+            return None
+        name = self._unlogged_name(task)
+        if (self.config.dsn, name) not in _unlogged_tables:
+            try:
+                self._create_staging(conn, sql.SQL("UNLOGGED"), identifier(name))
+            except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable):
+                pass  # another attempt of the partition made it at the same moment
+            _unlogged_tables.add((self.config.dsn, name))
+        return identifier(name)
 
+    def forget_unlogged_staging(self, task: TaskInfo) -> None:
+        """After a failed task: check the staging table again next time (someone may have dropped it)."""
+        _unlogged_tables.discard((self.config.dsn, self._unlogged_name(task)))
+
+    def _unlogged_name(self, task: TaskInfo) -> str:
+        digest = _digest(self.sink_id, self.config.table, *self.config.columns)
+        return in_schema_of(self.config.table, f"oncekit_stage_{digest}_{task.partition_id}")
+
+    def _create_staging(self, conn: psycopg.Connection[Any], kind: sql.Composable, name: sql.Composable) -> None:
+        # LIKE copies NOT NULL, so COPY into the staging table already names a refused row.
+        conn.execute(sql.SQL("CREATE {} TABLE IF NOT EXISTS {} (LIKE {} INCLUDING DEFAULTS, {} bigint)").format(
+            kind, name, identifier(self.config.table), sql.Identifier(ORDINAL)))
+
+    def write_and_commit(self, task: TaskInfo, batches: Iterator[pa.RecordBatch]) -> int:
+        """Task: write the partition in one transaction of its own and commit it."""
+        with self.connection(autocommit=True) as conn:
+            staging = self.temporary_staging(conn)
+            conn.autocommit = False
+            rows = self.write_rows(conn, task, batches, staging)
+            conn.commit()
+        logger.info("sink %s batch %s partition %s: wrote and committed %s rows", self.sink_id, task.batch_id,
+                    task.partition_id, rows)
+        return rows

@@ -30,7 +30,8 @@ class PostgresSinkConfig(SinkConfig):
     - ``at-least-once``: tasks append and commit at once; a replay duplicates rows.
 
     ``key_columns`` turn appends into merges: ``on_conflict="update"`` (upsert; the last row of
-    a batch wins for a key) or ``"nothing"`` (append with a dedup key).
+    a partition wins for a key) or ``"nothing"`` (append with a dedup key; the row written first
+    stays). Rows with keys the target does not hold yet go in by plain COPY.
     """
     format_name: ClassVar[str] = FORMAT
 

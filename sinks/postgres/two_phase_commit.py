@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +28,7 @@ class PostgresTwoPhaseCommitSink(PostgresSinkBase, TwoPhaseCommitSink["_Prepared
     "committed" from "rolled back" once the id has left ``pg_prepared_xacts``."""
 
     def preflight(self) -> None:
-        with self.connect(autocommit=True) as conn:
+        with self.connection(autocommit=True) as conn:
             row = conn.execute("SHOW max_prepared_transactions").fetchone()
             if row is None or int(row[0]) == 0:
                 raise ConfigError(f"{FORMAT} sink {self.sink_id}: the server has max_prepared_transactions = 0; "
@@ -43,17 +44,18 @@ class PostgresTwoPhaseCommitSink(PostgresSinkBase, TwoPhaseCommitSink["_Prepared
         ).format(identifier(in_schema_of(self.config.table, MARKER_TABLE))))
 
     def begin_transaction(self, task: TaskInfo) -> _PreparedTransaction:
-        conn = self.connect(autocommit=True)
-        stale = [c for c in self.leftovers([task.batch_id], conn) if c.partition_id == task.partition_id]
-        for committable in stale:  # an earlier attempt or run; Spark re-runs the batch, so it never completed
-            logger.info("sink %s batch %s partition %s txn %s: aborting stale attempt", self.sink_id,
-                        task.batch_id, task.partition_id, committable.transaction_id)
-            self._rollback_prepared(conn, committable.name)
-        conn.autocommit = False
-        conn.tpc_begin(task.transaction_id)
-        staging = self.staging_table(task)
-        if staging:
-            self.create_staging(conn, staging, temporary=False)  # PREPARE refuses temporary tables
+        conn = self.take_connection(autocommit=True)
+        try:
+            stale = [c for c in self.leftovers([task.batch_id], conn) if c.partition_id == task.partition_id]
+            for committable in stale:  # an earlier attempt or run; Spark re-runs the batch, so it never completed
+                logger.info("sink %s batch %s partition %s txn %s: aborting stale attempt", self.sink_id,
+                            task.batch_id, task.partition_id, committable.transaction_id)
+                self._rollback_prepared(conn, committable.name)
+            staging = self.unlogged_staging(conn, task)
+            conn.autocommit = False
+        except BaseException:
+            self._failed(task, conn)
+            raise
         logger.info("sink %s batch %s partition %s txn %s: begin", self.sink_id, task.batch_id, task.partition_id,
                     task.transaction_id)
         return _PreparedTransaction(task, conn, TableWriter(self, conn, task, staging))
@@ -62,31 +64,42 @@ class PostgresTwoPhaseCommitSink(PostgresSinkBase, TwoPhaseCommitSink["_Prepared
         transaction.writer.write(batch)
 
     def pre_commit(self, transaction: _PreparedTransaction) -> Committable:
-
+        """Task: PREPARE with plain SQL under ``task.transaction_id`` (what ``tpc_commit`` on the
+        driver names): unlike psycopg's ``tpc_prepare`` it leaves the session idle, so the
+        connection goes back to the pool for the next task."""
         task, conn = transaction.task, transaction.conn
-        if transaction.writer.staging:
-            conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(transaction.writer.staging)))
-        rows = transaction.writer.rows
-        conn.execute(
-            sql.SQL("INSERT INTO {} (transaction_id, sink_id, batch_id, partition_id, attempt, rows) "
-                    "VALUES (%s, %s, %s, %s, %s, %s)").format(identifier(in_schema_of(self.config.table, MARKER_TABLE))),
-            (task.transaction_id, task.sink_id, task.batch_id, task.partition_id, task.attempt, rows),
-        )
-        conn.tpc_prepare()
-        conn.close()
+        try:
+            rows = transaction.writer.finish()
+            conn.execute(
+                sql.SQL("INSERT INTO {} (transaction_id, sink_id, batch_id, partition_id, attempt, rows) "
+                        "VALUES (%s, %s, %s, %s, %s, %s)").format(identifier(in_schema_of(self.config.table, MARKER_TABLE))),
+                (task.transaction_id, task.sink_id, task.batch_id, task.partition_id, task.attempt, rows),
+            )
+            with conn.cursor() as cur:
+                cur.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(task.transaction_id)))
+                # An aborted transaction answers PREPARE with a ROLLBACK instead of an error.
+                if cur.statusmessage != "PREPARE TRANSACTION":
+                    raise CommitError(f"{FORMAT} sink {self.sink_id} batch {task.batch_id} partition {task.partition_id}: "
+                                      f"PREPARE TRANSACTION {task.transaction_id} answered {cur.statusmessage}")
+        except BaseException:
+            self._failed(task, conn)
+            raise
+        self.give_back(conn)
         logger.info("sink %s batch %s partition %s txn %s: prepared %s rows", self.sink_id, task.batch_id,
                     task.partition_id, task.transaction_id, rows)
         return Committable(task.sink_id, task.batch_id, task.partition_id, task.attempt, rows,
                            transaction_id=task.transaction_id)
 
     def abort_open(self, transaction: _PreparedTransaction) -> None:
-        try:
-            transaction.conn.tpc_rollback()
-        finally:
-            transaction.conn.close()
+        """Task: closing the session rolls its transaction (and any COPY in flight) back."""
+        self._failed(transaction.task, transaction.conn)
+
+    def _failed(self, task: TaskInfo, conn: psycopg.Connection[Any]) -> None:
+        conn.close()
+        self.forget_unlogged_staging(task)
 
     def commit(self, committable: Committable) -> CommitOutcome:
-        with self.connect(autocommit=True) as conn:
+        with self.connection(autocommit=True) as conn:
             if self._finish_prepared(conn, committable.name, commit=True):
                 return CommitOutcome.COMMITTED
             if self._marker_visible(conn, committable.name):
@@ -98,7 +111,7 @@ class PostgresTwoPhaseCommitSink(PostgresSinkBase, TwoPhaseCommitSink["_Prepared
         )
 
     def abort(self, committable: Committable) -> CommitOutcome:
-        with self.connect(autocommit=True) as conn:
+        with self.connection(autocommit=True) as conn:
             return self._rollback_prepared(conn, committable.name)
 
     def _rollback_prepared(self, conn: psycopg.Connection[Any], transaction_id: str) -> CommitOutcome:
@@ -132,13 +145,8 @@ class PostgresTwoPhaseCommitSink(PostgresSinkBase, TwoPhaseCommitSink["_Prepared
     def leftovers(self, batch_ids: Iterable[int] | None = None, conn: psycopg.Connection[Any] | None = None) -> list[Committable]:
         """Prepared transactions of this sink in this database (``pg_prepared_xacts``)."""
         wanted = None if batch_ids is None else set(batch_ids)
-        own = conn is None
-        conn = conn or self.connect(autocommit=True)
-        try:
-            found = prepared_transactions(conn, TransactionId.sink_prefix(self.sink_id))
-        finally:
-            if own:
-                conn.close()
+        with nullcontext(conn) if conn is not None else self.connection(autocommit=True) as session:
+            found = prepared_transactions(session, TransactionId.sink_prefix(self.sink_id))
         ids = [(gid, TransactionId.parse(gid)) for gid in found]
         return [Committable(self.sink_id, t.batch_id, t.partition_id, t.attempt, 0, transaction_id=gid)
                 for gid, t in ids if t is not None and t.sink_id == self.sink_id and (wanted is None or t.batch_id in wanted)]
@@ -147,5 +155,5 @@ class PostgresTwoPhaseCommitSink(PostgresSinkBase, TwoPhaseCommitSink["_Prepared
 @dataclass
 class _PreparedTransaction:
     task: TaskInfo
-    conn: Any
+    conn: psycopg.Connection[Any]
     writer: TableWriter

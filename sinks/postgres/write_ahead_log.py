@@ -10,7 +10,7 @@ from psycopg import sql
 
 from oncekit.core.protocol import CommitOutcome, Committable, TaskInfo, WriteAheadSink
 from oncekit.core.staging import StagedFiles
-from oncekit.sinks.postgres._common import CHECKPOINT_TABLE, PostgresSinkBase, TableWriter, identifier, in_schema_of
+from oncekit.sinks.postgres._common import CHECKPOINT_TABLE, PostgresSinkBase, identifier, in_schema_of
 
 if TYPE_CHECKING:
     import psycopg
@@ -34,7 +34,9 @@ class PostgresWriteAheadSink(PostgresSinkBase, WriteAheadSink):
         ).format(identifier(in_schema_of(self.config.table, CHECKPOINT_TABLE))))
 
     def send_values(self, batch_id: int, committables: Sequence[Committable]) -> CommitOutcome:
-        with self.connect() as conn:
+        with self.connection(autocommit=True) as conn:
+            staging = self.temporary_staging(conn)
+            conn.autocommit = False
             # Recording first takes the row lock: a concurrent notification waits here, then
             # finds the row and writes nothing.
             recorded = conn.execute(
@@ -47,13 +49,6 @@ class PostgresWriteAheadSink(PostgresSinkBase, WriteAheadSink):
                 return CommitOutcome.ALREADY_COMMITTED
             for committable, batches in self.staged_batches(batch_id, committables):
                 task = TaskInfo(self.sink_id, batch_id, committable.partition_id, committable.attempt)
-                staging = self.staging_table(task)
-                if staging:
-                    self.create_staging(conn, staging, temporary=True)
-                writer = TableWriter(self, conn, task, staging)
-                for batch in batches:
-                    writer.write(batch)
-                if staging:
-                    conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(staging)))
+                self.write_rows(conn, task, batches, staging)
             conn.commit()
         return CommitOutcome.COMMITTED
