@@ -5,17 +5,24 @@ checkpoint folder laid out as Spark lays it out, and prepared transactions are c
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pyarrow as pa
 import pytest
 
 from oncekit.core.errors import CommitError
-from oncekit.core.protocol import TaskInfo
+from oncekit.core.protocol import Committable, TaskInfo
 from oncekit.core.engine import CheckpointEngine
 from oncekit.sinks.postgres import BadRecordError, postgres_sink
 
 pytestmark = pytest.mark.services
+
+
+def write(engine: CheckpointEngine, task: TaskInfo, batches: Any) -> Committable:
+    """A two-phase-commit task's one committable (``write_task`` returns a list)."""
+    (committable,) = engine.write_task(task, batches)
+    return committable
 
 
 def spark_logged(checkpoint: Path, *, planned: list[int], committed: list[int]) -> None:
@@ -53,9 +60,9 @@ def test_recovery_commits_completed_and_aborts_incomplete_batch(
     engine: CheckpointEngine, postgres_dsn: str, unique_name: str, tmp_path: Path
 ) -> None:
     sink_id = engine.sink.sink_id
-    batch0 = [engine.write_task(TaskInfo(sink_id, 0, p, 0), iter([rows([p])])) for p in (0, 1)]
+    batch0 = [write(engine, TaskInfo(sink_id, 0, p, 0), iter([rows([p])])) for p in (0, 1)]
     engine.checkpoint(0, [c for c in batch0 if c])
-    batch1 = [engine.write_task(TaskInfo(sink_id, 1, p, 0), iter([rows([10 + p])])) for p in (0, 1)]
+    batch1 = [write(engine, TaskInfo(sink_id, 1, p, 0), iter([rows([10 + p])])) for p in (0, 1)]
     engine.checkpoint(1, [c for c in batch1 if c])
     assert len(prepared(postgres_dsn, sink_id)) == 4
     # Spark logged batch 0 as committed, then the process died: no notification for 0 came,
@@ -73,9 +80,9 @@ def test_recovery_aborts_leftover_of_failed_attempt_but_not_running_batch(
     engine: CheckpointEngine, postgres_dsn: str, unique_name: str, tmp_path: Path
 ) -> None:
     sink_id = engine.sink.sink_id
-    engine.write_task(TaskInfo(sink_id, 0, 0, 0), iter([rows([1])]))        # attempt 0 died after prepare
-    kept = engine.write_task(TaskInfo(sink_id, 0, 0, 1), iter([rows([1])]))  # its retry succeeded
-    running = engine.write_task(TaskInfo(sink_id, 1, 0, 0), iter([rows([2])]))
+    write(engine, TaskInfo(sink_id, 0, 0, 0), iter([rows([1])]))        # attempt 0 died after prepare
+    kept = write(engine, TaskInfo(sink_id, 0, 0, 1), iter([rows([1])]))  # its retry succeeded
+    running = write(engine, TaskInfo(sink_id, 1, 0, 0), iter([rows([2])]))
     assert kept is not None and running is not None
     spark_logged(tmp_path, planned=[0, 1], committed=[])
     engine.checkpoint(0, [kept])
@@ -93,11 +100,11 @@ def test_commit_is_idempotent_and_vanished_id_without_marker_is_error(
 ) -> None:
     sink = engine.sink
     sink_id = sink.sink_id
-    committable = engine.write_task(TaskInfo(sink_id, 0, 0, 0), iter([rows([1])]))
+    committable = write(engine, TaskInfo(sink_id, 0, 0, 0), iter([rows([1])]))
     assert committable is not None
     assert sink.commit(committable).value == "committed"        # type: ignore[attr-defined]
     assert sink.commit(committable).value == "already committed"  # type: ignore[attr-defined]
-    rolled_back = engine.write_task(TaskInfo(sink_id, 1, 0, 0), iter([rows([2])]))
+    rolled_back = write(engine, TaskInfo(sink_id, 1, 0, 0), iter([rows([2])]))
     assert rolled_back is not None
     with psycopg.connect(postgres_dsn, autocommit=True) as conn:
         conn.execute(f"ROLLBACK PREPARED '{rolled_back.transaction_id}'")
@@ -121,7 +128,7 @@ def test_bad_row_goes_to_dead_letter_table_rest_commits(postgres_dsn: str, uniqu
     engine = CheckpointEngine(config.build(str(tmp_path)), str(tmp_path))
     engine.sink.preflight()
     bad = pa.record_batch([pa.array([1, 2, 3], pa.int32()), pa.array(["a", None, "c"])], names=["id", "payload"])
-    committable = engine.write_task(TaskInfo(config.sink_id, 0, 0, 0), iter([bad]))
+    committable = write(engine, TaskInfo(config.sink_id, 0, 0, 0), iter([bad]))
     engine.checkpoint(0, [committable] if committable else [])
     spark_logged(tmp_path, planned=[0], committed=[0])
     engine.complete(0)
@@ -159,7 +166,7 @@ def test_concurrent_commits_of_one_transaction_commit_it_once(engine: Checkpoint
     """The listener, the driver's recovery and tasks may commit the same checkpoint at once."""
     from concurrent.futures import ThreadPoolExecutor
 
-    committable = engine.write_task(TaskInfo(engine.sink.sink_id, 0, 0, 0), iter([rows([1, 2, 3])]))
+    committable = write(engine, TaskInfo(engine.sink.sink_id, 0, 0, 0), iter([rows([1, 2, 3])]))
     assert committable is not None
     with ThreadPoolExecutor(8) as pool:
         outcomes = [o.value for o in pool.map(lambda _: engine.sink.commit(committable), range(8))]  # type: ignore[attr-defined]
