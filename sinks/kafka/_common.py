@@ -290,25 +290,26 @@ class KafkaSinkBase:
 
     def commit_with_fencing(self, transactional_id: KafkaTransactionalId, where: str,
                             attempt: Callable[[Producer], int]) -> int:
-        """Run ``attempt`` (read the marker, publish) with a pooled transactional producer; if it
-        was fenced since it was pooled, run it once more with a fresh producer, whose
-        initialisation fences the other one in turn. Kafka errors are raised naming sink, batch,
-        partition and transaction."""
-        producer = self.take_producer(transactional_id)
+        """Run ``attempt`` (read the marker, publish) with a new transactional producer, whose
+        ``init_transactions`` fences every earlier producer of the id (a zombie attempt) and
+        aborts what it left open; if a newer producer fences this one meanwhile, run it once more
+        with another. Kafka errors are raised naming sink, batch, partition and transaction.
+
+        Transactional producers are not pooled across tasks: a pooled producer stalled a
+        20-fault campaign after a broker restart (a task of one partition never finished), and
+        until that is understood every task starts from a fresh, initialised producer."""
+        producer = self.take_producer(transactional_id, fresh=True)
         try:
             try:
-                result = attempt(producer)
+                return attempt(producer)
             except KafkaException as exc:
                 if not exc.args[0].fatal():
                     raise
-                logger.info("%s txn %s: pooled producer fenced (%s); starting over with a new one",
+                logger.info("%s txn %s: producer fenced (%s); starting over with a new one",
                             where, transactional_id, exc.args[0].str())
-                producer = self.take_producer(transactional_id, fresh=True)
-                result = attempt(producer)
+                return attempt(self.take_producer(transactional_id, fresh=True))
         except KafkaException as exc:
             raise OncekitError(f"{where}: transaction {transactional_id} failed: {exc.args[0].str()}") from exc
-        self.give_producer(transactional_id, producer)
-        return result
 
 
 def _commit_transaction(producer: Producer) -> None:
