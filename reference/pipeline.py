@@ -174,9 +174,7 @@ class ReferencePipeline:
         own (partition, offset) as dedup key and go to a group of their partition (negative
         keys, no account has them). The processor runs in Append mode (the kit's sinks take
         appends): each row it emits is a fact of its batch, and the sinks turn balance and total
-        rows into upserts by key. It runs as transformWithStateInPandas: it takes an account's
-        rows of a batch as pandas frames and returns one frame, column operations instead of a
-        pyspark Row and a Python step per event."""
+        rows into upserts by key."""
         from pyspark.sql import functions as F
 
         from oncekit.reference.processor import PROCESSED_SCHEMA, PaymentProcessor
@@ -191,7 +189,7 @@ class ReferencePipeline:
                    .dropDuplicatesWithinWatermark(["dedup_key"])
                    .select("group_key", "event_id", "amount_cents", "event_ms", "kafka_partition", "kafka_offset",
                            "raw", "reason"))
-        return records.groupBy("group_key").transformWithStateInPandas(
+        return records.groupBy("group_key").transformWithState(
             statefulProcessor=PaymentProcessor(run.allowed_lateness_s * 1000), outputStructType=PROCESSED_SCHEMA,
             outputMode="Append", timeMode="None")
 
