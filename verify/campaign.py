@@ -112,9 +112,12 @@ class Campaign:
             self.driver.ensure_running()
             got = self.output()
             progress = (len(got), self.batch_in_flight(), self.batch_committed())
-            if progress != seen:  # quiet means: no new output and no batch planned or committed
+            running = self.driver.running_query()
+            # Quiet means: the query runs, and no new output and no batch planned or committed. A
+            # driver restarted after kill -9 can take over 30 s to start its query on a busy machine.
+            if progress != seen or not running:
                 seen, last_change = progress, time.monotonic()
-            if not (want - Counter(got)) and self._idle() and self.driver.running_query():
+            if not (want - Counter(got)) and self._idle() and running:
                 caught_up = caught_up or time.monotonic()
                 if time.monotonic() - last_change > 1.0:  # settled: late duplicates would have shown
                     break
