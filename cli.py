@@ -1,5 +1,5 @@
 """The ``oncekit`` command line: ``services up|down|status``, ``demo``, ``produce``, ``verify``,
-``pipeline run``, ``savepoint create|list|restore|delete`` and ``doctor``.
+``pipeline run``, ``savepoint create|list|restore|delete``, ``doctor`` and ``status``.
 
 The reference pipeline's commands (``demo``, ``produce``, ``pipeline``, ``savepoint``) and ``doctor``
 parse their flags here and make one call into :mod:`oncekit.reference` or :mod:`oncekit.doctor`.
@@ -25,7 +25,7 @@ def _services(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from oncekit.reference import demo
 
-    return demo.main(args.backend, args.records, args.config, args.seed, crash=not args.no_crash)
+    return demo.main(args.backend, args.records, args.config, args.seed, crash=not args.no_crash, ui_port=args.ui)
 
 
 def _verify(args: argparse.Namespace) -> int:
@@ -53,13 +53,22 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 def _pipeline(args: argparse.Namespace) -> int:
     from oncekit.reference import commands
 
-    return commands.run_pipeline(args.config, _overrides(args), args.from_savepoint)
+    return commands.run_pipeline(args.config, _overrides(args), args.from_savepoint, ui_port=args.ui)
 
 
 def _savepoint(args: argparse.Namespace) -> int:
     from oncekit.reference import commands
 
     return commands.savepoint(args.action, args.name, args.dir, args.timeout, args.config, _overrides(args))
+
+
+def _status(args: argparse.Namespace) -> int:
+    from oncekit.status import command
+    from oncekit.status.model import Thresholds
+
+    thresholds = Thresholds(transaction_timeout_s=args.transaction_timeout,
+                            uncommitted_triggers=args.uncommitted_triggers)
+    return command.main(args.checkpoint, args.port, args.host, args.bootstrap, args.dsn, thresholds, once=args.once)
 
 
 def _doctor(args: argparse.Namespace) -> int:
@@ -69,7 +78,7 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def _add_pipeline_commands(commands: Any) -> None:
-    """``pipeline run``, ``savepoint create|list|restore|delete`` and ``doctor``.
+    """``pipeline run``, ``savepoint create|list|restore|delete``, ``doctor`` and ``status``.
 
 The reference pipeline's commands (``demo``, ``produce``, ``pipeline``, ``savepoint``) and ``doctor``
 parse their flags here and make one call into :mod:`oncekit.reference` or :mod:`oncekit.doctor`.
@@ -83,6 +92,7 @@ parse their flags here and make one call into :mod:`oncekit.reference` or :mod:`
     run = commands.add_parser("pipeline", help="run the reference pipeline under its restart strategy")
     run.add_argument("action", choices=["run"])
     run.add_argument("--from-savepoint", help="a savepoint folder to start from (the checkpoint location must be new)")
+    run.add_argument("--ui", type=int, metavar="PORT", help="serve the status page and /metrics on this port while it runs")
     config_flags(run)
     run.set_defaults(run=_pipeline)
 
@@ -97,6 +107,20 @@ parse their flags here and make one call into :mod:`oncekit.reference` or :mod:`
     doctor = commands.add_parser("doctor", help="preflight checks of Java, Spark, Kafka and PostgreSQL")
     config_flags(doctor)
     doctor.set_defaults(run=_doctor)
+
+    status = commands.add_parser("status", help="status page and Prometheus /metrics for running or stopped queries")
+    status.add_argument("--checkpoint", action="append", default=[], metavar="[NAME=]LOCATION",
+                        help="a query's checkpoint location (local, hdfs://, s3a://); repeat for several")
+    status.add_argument("--port", type=int, default=8765)
+    status.add_argument("--host", default="127.0.0.1", help="address to serve on (0.0.0.0: every interface)")
+    status.add_argument("--bootstrap", help="Kafka bootstrap servers (default: ONCEKIT_KAFKA_BOOTSTRAP, or 'oncekit services up')")
+    status.add_argument("--dsn", help="PostgreSQL connection string (prefer ONCEKIT_POSTGRES_DSN: flags show in ps)")
+    status.add_argument("--transaction-timeout", type=float, default=60.0, metavar="SECONDS",
+                        help="a prepared or open transaction older than this is red (the sinks' transaction timeout)")
+    status.add_argument("--uncommitted-triggers", type=int, default=3, metavar="N",
+                        help="a journaled batch still not committed N batches later is red")
+    status.add_argument("--once", action="store_true", help="print the metrics once and exit instead of serving")
+    status.set_defaults(run=_status)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--config", help="pipeline config file (TOML; default: the packaged pipeline.toml)")
     demo.add_argument("--seed", type=int, default=7)
     demo.add_argument("--no-crash", action="store_true", help="do not crash the pipeline mid-run")
+    demo.add_argument("--ui", type=int, metavar="PORT", help="serve the status page and /metrics on this port while it runs")
     demo.set_defaults(run=_demo)
 
     from oncekit.verify import EXAMPLES, GUARANTEES

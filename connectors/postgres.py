@@ -66,3 +66,33 @@ def prepared_transactions(conn: psycopg.Connection[Any], prefix: str = Transacti
     ).fetchall()
     # SQL_ASCII databases answer bytes.
     return [gid.decode() if isinstance(gid, bytes) else str(gid) for (gid,) in rows]
+
+
+@dataclass(frozen=True)
+class PreparedTransaction:
+    """One row of :func:`prepared_transaction_details`: a prepared transaction, how long it has
+    waited and what it holds (locks on named relations keep writers and DDL out)."""
+
+    gid: str
+    age_s: float
+    owner: str
+    locks: int
+    relations: tuple[str, ...]
+
+
+def prepared_transaction_details(conn: psycopg.Connection[Any],
+                                 prefix: str = TransactionId.PREFIX) -> list[PreparedTransaction]:
+    """Like :func:`prepared_transactions`, with each transaction's age (server clock) and the locks
+    it holds (``pg_locks`` lists a prepared transaction's under virtual transaction ``-1/<xid>``).
+    Called by the status page, never by a sink."""
+    rows = conn.execute(
+        "SELECT p.gid, extract(epoch FROM now() - p.prepared)::float8, p.owner::text,"
+        " (SELECT count(*) FROM pg_locks l WHERE l.virtualtransaction = '-1/' || p.transaction::text),"
+        " (SELECT coalesce(array_agg(DISTINCT l.relation::regclass::text), '{}') FROM pg_locks l"
+        "   WHERE l.virtualtransaction = '-1/' || p.transaction::text AND l.relation IS NOT NULL)"
+        " FROM pg_prepared_xacts p WHERE p.database = current_database() AND starts_with(p.gid, %s) ORDER BY p.gid",
+        (prefix,),
+    ).fetchall()
+    return [PreparedTransaction(gid.decode() if isinstance(gid, bytes) else str(gid), float(age), str(owner),
+                                int(locks), tuple(sorted(str(r) for r in relations)))
+            for gid, age, owner, locks, relations in rows]

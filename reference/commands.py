@@ -11,9 +11,10 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping
+from contextlib import ExitStack
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import IO, TYPE_CHECKING, Any
 
 from oncekit.connectors.kafka import KafkaConfig, create_topic
 from oncekit.connectors.services import load_state
@@ -23,20 +24,27 @@ from oncekit.core.savepoint_stop import StopRequests, request_savepoint
 from oncekit.core.spark.session import spark_session
 from oncekit.reference import generator
 from oncekit.reference.config import load_with_services
-from oncekit.reference.pipeline import ReferencePipeline
+from oncekit.reference.pipeline import QUERIES, ReferencePipeline
+
+if TYPE_CHECKING:
+    from oncekit.status.app import StatusServer
 
 
-def run_pipeline(config_path: str | None, overrides: Mapping[str, Any], from_savepoint: str | None = None) -> int:
+def run_pipeline(config_path: str | None, overrides: Mapping[str, Any], from_savepoint: str | None = None,
+                 ui_port: int | None = None) -> int:
     """``oncekit pipeline run``: run the pipeline under its restart strategy (from a savepoint, if
-    given) until it drains the topic, fails for good, or is asked to stop with a savepoint."""
+    given) until it drains the topic, fails for good, or is asked to stop with a savepoint. With
+    ``ui_port``, the status page serves on that port while it runs."""
     pipeline = ReferencePipeline(load_with_services(config_path, overrides))
     spark = spark_session("oncekit-pipeline")
     if from_savepoint:
         restored = pipeline.restore(spark, from_savepoint)
         print(f"restored savepoint {restored.name} into {pipeline.checkpoint}")
     pipeline.prepare()
-    with StopRequests(pipeline.checkpoint) as requests:
-        restarts = pipeline.run_supervised(spark, should_stop=requests.pending)
+    with ExitStack() as stack, StopRequests(pipeline.checkpoint) as requests:
+        page = stack.enter_context(status_page(pipeline, ui_port)) if ui_port is not None else None
+        restarts = pipeline.run_supervised(spark, should_stop=requests.pending,
+                                           on_restart=page.restarted if page is not None else None)
         wanted = requests.take()
         if wanted is not None:
             saved = pipeline.savepoint(spark, wanted.into, wanted.name)
@@ -44,6 +52,17 @@ def run_pipeline(config_path: str | None, overrides: Mapping[str, Any], from_sav
             print(f"stopped with savepoint {saved.name} at {saved.path}")
     print(f"pipeline finished ({restarts} restarts); checkpoints under {pipeline.checkpoint}")
     return 0
+
+
+def status_page(pipeline: ReferencePipeline, port: int, out: IO[str] = sys.stdout) -> StatusServer:
+    """The status page of ``pipeline``'s query, serving on ``port`` (0: a free one) until the
+    caller stops it; prints its address. For ``pipeline run --ui`` and ``demo --ui``."""
+    from oncekit.status.command import for_runner
+
+    name = QUERIES[0]
+    page = for_runner(name, f"{pipeline.checkpoint}/{name}", pipeline.sink(), port, pipeline.bootstrap, pipeline.dsn)
+    print(f"status page: {page.url} (metrics at {page.url}metrics)", file=out, flush=True)
+    return page
 
 
 def savepoint(action: str, name: str | None, into: str, timeout_s: float, config_path: str | None,

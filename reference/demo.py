@@ -27,8 +27,8 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -38,6 +38,7 @@ from oncekit.connectors.kafka import KafkaConfig
 from oncekit.connectors.services import start_services
 from oncekit.core import crash as crash_points
 from oncekit.core.spark.session import spark_session
+from oncekit.reference.commands import status_page
 from oncekit.reference.config import PipelineConfig, load
 from oncekit.reference.generator import Workload, events, produce
 from oncekit.reference.outputs import Observed, observe, require_empty
@@ -217,12 +218,20 @@ class _Progress:
             self.last_line = line
 
 
-def run(config: PipelineConfig, workload: Workload, work_dir: Path, out: IO[str], crash: bool = True) -> Report:
+def run(config: PipelineConfig, workload: Workload, work_dir: Path, out: IO[str], crash: bool = True,
+        ui_port: int | None = None) -> Report:
     """Prepare, produce, run with one crash and restarts, check. Spark must not have started
     in this process yet when ``crash`` is set (the crash directory reaches workers through the
-    environment)."""
+    environment). With ``ui_port``, the status page serves on that port until the report."""
     pipeline = ReferencePipeline(config, str(work_dir / "checkpoint"))
     pipeline.prepare()
+    with ExitStack() as stack:
+        page = stack.enter_context(status_page(pipeline, ui_port, out)) if ui_port is not None else None
+        return _run(pipeline, config, workload, out, crash, page.restarted if page is not None else None)
+
+
+def _run(pipeline: ReferencePipeline, config: PipelineConfig, workload: Workload, out: IO[str], crash: bool,
+         on_restart: Callable[[int, BaseException], None] | None) -> Report:
     require_empty(config)
     started = time.monotonic()
     sent = produce(KafkaConfig(config.kafka_bootstrap()), config.topics.payments, workload)
@@ -243,6 +252,8 @@ def run(config: PipelineConfig, workload: Workload, work_dir: Path, out: IO[str]
         reason = (f"{query}: a task's Python worker died" if "Python worker exited unexpectedly" in text
                   else text.splitlines()[0][:120])
         print(f"  !! pipeline failed ({reason}); restart {attempt} from the checkpoints", file=out, flush=True)
+        if on_restart is not None:
+            on_restart(attempt, error)
 
     started = time.monotonic()
     restarts = pipeline.run_supervised(spark, tick=_Progress(pipeline, out, sent), on_restart=restarted)
@@ -254,7 +265,7 @@ def run(config: PipelineConfig, workload: Workload, work_dir: Path, out: IO[str]
 
 
 def main(backend: str | None = None, records: int = 20_000, config_path: str | None = None, seed: int = 7,
-         crash: bool = True) -> int:
+         crash: bool = True, ui_port: int | None = None) -> int:
     """``oncekit demo``: returns 0 when every line of the report is OK."""
     # About four batches per query, so that the crash at batch 1 falls mid-run.
     config = load(config_path, {"services.backend": backend,
@@ -271,6 +282,6 @@ def main(backend: str | None = None, records: int = 20_000, config_path: str | N
         config = config.with_services(services.kafka.bootstrap_servers, services.postgres.dsn)
         print(f"spark log: {work_dir / 'spark.log'}", flush=True)
         with spark_output_to(work_dir / "spark.log") as out:
-            report = run(config, workload, work_dir, out, crash)
+            report = run(config, workload, work_dir, out, crash, ui_port)
             print(report.text(), file=out, flush=True)
     return 0 if report.ok else 1

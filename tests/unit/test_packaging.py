@@ -26,7 +26,11 @@ def test_wheel_holds_only_oncekit_packages(tmp_path: Path) -> None:
     packages = {name.rsplit("/", 1)[0] for name in names if name.endswith(".py")}
     assert packages == {"oncekit", "oncekit/core", "oncekit/core/spark", "oncekit/sources", "oncekit/sinks",
                         "oncekit/sinks/postgres", "oncekit/sinks/kafka", "oncekit/connectors",
-                        "oncekit/connectors/services", "oncekit/verify", "oncekit/reference"}
+                        "oncekit/connectors/services", "oncekit/verify", "oncekit/reference", "oncekit/status"}
     assert "oncekit/py.typed" in names
     assert "oncekit/reference/pipeline.toml" in names  # the pipeline's default config, read at run time
+    # the status page's assets, served from the package (no CDN): page, script, style, uPlot and its licence
+    assert {"oncekit/status/static/index.html", "oncekit/status/static/status.js", "oncekit/status/static/status.css",
+            "oncekit/status/static/uplot/uPlot.iife.min.js", "oncekit/status/static/uplot/uPlot.min.css",
+            "oncekit/status/static/uplot/LICENSE"} <= set(names)
     assert not [n for n in names if "tests" in n or "docker" in n.split("/")[1:2] or n.endswith((".yml", ".sh", ".xml"))]

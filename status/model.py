@@ -1,0 +1,509 @@
+"""The status page's figures: what checkpoints, their journals and the services say right now.
+
+:class:`StatusCollector` reads, for each watched checkpoint location, Spark's offset and commit
+logs (:class:`~oncekit.core.spark_log.SparkLog`) and the kit's journal
+(:class:`~oncekit.core.journal.Journal`) through the kit's storage layer, so it works for a
+query on a cluster with HDFS or S3 checkpoints from any machine that reaches them; and it asks
+the services through three callables (end offsets, prepared transactions, open Kafka
+transactions; :mod:`oncekit.status.services` has the real ones, tests pass fakes). Each
+:meth:`StatusCollector.collect` returns one immutable :class:`Snapshot`, plain data that the web
+page shows as JSON and :mod:`oncekit.status.metrics` turns into Prometheus metrics.
+
+Times come from the files: a batch is planned when Spark writes ``offsets/<batch>``, its
+checkpoint completes when Spark writes ``commits/<batch>``, and its output is committed in the
+target when the journal's ``<batch>.done`` appears. Nothing here writes anywhere.
+
+Red states (each an :class:`Alert`): a prepared PostgreSQL or open Kafka transaction older than
+the transaction timeout; a journaled batch still not committed ``uncommitted_triggers`` batches
+later; source lag that grew in each of the last ``lag_growth_samples`` samples.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from pyarrow.fs import FileSelector, FileType
+
+from oncekit.connectors.postgres import PreparedTransaction
+from oncekit.core.errors import ConfigError
+from oncekit.core.journal import Journal
+from oncekit.core.names import TransactionId
+from oncekit.core.spark_log import SparkLog, batch_ids
+from oncekit.core.storage import list_names
+from oncekit.status.kafka_transactions import KafkaTransaction
+
+logger = logging.getLogger(__name__)
+
+PartitionOffsets = Mapping[tuple[str, int], tuple[int | None, int | None]]
+"""(topic, partition) -> (end offset, last stable offset), as the broker answers them."""
+
+EndOffsets = Callable[[Mapping[str, Sequence[int]]], PartitionOffsets]
+PreparedReader = Callable[[], Sequence[PreparedTransaction]]
+KafkaTransactionReader = Callable[[], Sequence[KafkaTransaction]]
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """When the page turns red. ``transaction_timeout_s`` should be the sinks' transaction
+    timeout (the Kafka sinks' default is 60 s): a transaction open longer has outlived every
+    commit the kit would make for it, and blocks readers or holds locks."""
+
+    transaction_timeout_s: float = 60.0
+    uncommitted_triggers: int = 3
+    lag_growth_samples: int = 6
+    lag_sample_interval_s: float = 10.0
+    history_batches: int = 200
+
+    def __post_init__(self) -> None:
+        if self.transaction_timeout_s <= 0 or self.lag_sample_interval_s < 0:
+            raise ConfigError("status: transaction_timeout_s must be above 0 and lag_sample_interval_s not below 0")
+        if self.uncommitted_triggers < 1 or self.lag_growth_samples < 2 or self.history_batches < 1:
+            raise ConfigError("status: uncommitted_triggers and history_batches must be at least 1, "
+                              "lag_growth_samples at least 2")
+
+
+@dataclass(frozen=True)
+class Watched:
+    """One checkpoint location to show. ``protocols`` maps sink ids to their protocol when the
+    caller knows the sinks (the pipeline runner does); otherwise the journal's committables say
+    what they can (a transaction id: two-phase commit; a staged file: write-ahead log)."""
+
+    name: str
+    checkpoint: str
+    protocols: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class BatchPoint:
+    batch_id: int
+    planned_at: float | None
+    completed_at: float | None
+    duration_s: float | None
+    records: int | None
+    committed_at: float | None
+    commit_latency_s: float | None  # checkpoint complete -> committed in every target
+
+
+@dataclass(frozen=True)
+class PendingBatch:
+    """A journaled batch whose commit has not reached the target yet."""
+
+    batch_id: int
+    age_s: float
+    completed: bool  # Spark logged it: only the commit is missing
+    behind: int  # batches planned since
+    committables: int
+    red: bool
+
+
+@dataclass(frozen=True)
+class TargetStatus:
+    sink_id: str
+    protocol: str
+    committed_committables: int
+    committed_rows: int
+
+
+@dataclass(frozen=True)
+class SinkStatus:
+    """One journal (a sink, or a fan-out with its targets)."""
+
+    sink_id: str
+    protocol: str
+    targets: tuple[TargetStatus, ...]
+    journaled: int
+    committed: int
+    last_committed: int | None
+    commit_lag_batches: int
+    commit_latency_s: float | None
+    pending: tuple[PendingBatch, ...]
+
+
+@dataclass(frozen=True)
+class PartitionLag:
+    topic: str
+    partition: int
+    end_offset: int | None
+    stable_offset: int | None
+    planned_offset: int
+    completed_offset: int | None
+    lag: int | None
+
+
+@dataclass(frozen=True)
+class Restart:
+    at: float
+    query: str
+    cause: str
+
+
+@dataclass(frozen=True)
+class QueryStatus:
+    name: str
+    checkpoint: str
+    last_planned: int | None
+    last_completed: int | None
+    completed_batches: int
+    batches: tuple[BatchPoint, ...]
+    sinks: tuple[SinkStatus, ...]
+    partitions: tuple[PartitionLag, ...]
+    lag_records: int | None
+    lag_growing: bool
+    restarts: tuple[Restart, ...]
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class PreparedStatus:
+    gid: str
+    sink_id: str | None
+    batch_id: int | None
+    partition_id: int | None
+    query: str | None
+    state: str
+    age_s: float
+    locks: int
+    relations: tuple[str, ...]
+    red: bool
+
+
+@dataclass(frozen=True)
+class KafkaTransactionStatus:
+    transactional_id: str
+    state: str
+    age_s: float
+    timeout_s: float
+    partitions: tuple[str, ...]
+    red: bool
+
+
+@dataclass(frozen=True)
+class Alert:
+    kind: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything the page and /metrics show, at ``taken_at`` (seconds since the epoch). A
+    service that could not be asked leaves its list None and says why in ``errors``."""
+
+    taken_at: float
+    thresholds: Thresholds
+    queries: tuple[QueryStatus, ...]
+    prepared: tuple[PreparedStatus, ...] | None
+    kafka_transactions: tuple[KafkaTransactionStatus, ...] | None
+    kafka_transactions_at: float | None
+    alerts: tuple[Alert, ...]
+    errors: Mapping[str, str]
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _protocol_of(committables: Sequence[Any]) -> str:
+    if any(c.transaction_id for c in committables):
+        return "two-phase-commit"
+    if any(c.staged_file for c in committables):
+        return "write-ahead-log"
+    return "commits in the task"
+
+
+class _CheckpointCache:
+    """What never changes once written, per checkpoint: each batch's end offsets and file times,
+    and each committed journal entry's committables."""
+
+    def __init__(self) -> None:
+        self.offsets: dict[int, dict[tuple[str, int], int]] = {}
+        self.planned_at: dict[int, float] = {}
+        self.completed_at: dict[int, float] = {}
+        self.done_entries: dict[tuple[str, int], list[Any]] = {}
+
+
+def _mtimes(fs: Any, directory: str) -> dict[str, float]:
+    """Base name -> modification time (seconds since the epoch) of the files in ``directory``."""
+    infos = fs.get_file_info(FileSelector(directory, allow_not_found=True))
+    return {info.base_name: info.mtime.timestamp() for info in infos
+            if info.type == FileType.File and info.mtime is not None}
+
+
+class StatusCollector:
+    """Gathers :class:`Snapshot` s for the watched checkpoints. Called from the status service's
+    refresh thread (one collect at a time); :meth:`record_restart` from any thread."""
+
+    def __init__(self, watched: Sequence[Watched], thresholds: Thresholds | None = None, *,
+                 end_offsets: EndOffsets | None = None, prepared: PreparedReader | None = None,
+                 kafka_transactions: KafkaTransactionReader | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        names = [w.name for w in watched]
+        if not watched or len(set(names)) != len(names):
+            raise ConfigError(f"status: give at least one checkpoint, each under its own name; got {names}")
+        self.watched = list(watched)
+        self.thresholds = thresholds or Thresholds()
+        self._end_offsets, self._prepared, self._kafka_transactions = end_offsets, prepared, kafka_transactions
+        self._clock = clock
+        self._caches = {w.name: _CheckpointCache() for w in watched}
+        self._lag_samples: dict[str, collections.deque[tuple[float, int]]] = {
+            w.name: collections.deque(maxlen=self.thresholds.lag_growth_samples) for w in watched}
+        self._restarts: list[Restart] = []
+        self._lock = threading.Lock()
+        self._kafka_last: tuple[float, tuple[KafkaTransaction, ...] | None, str | None] | None = None
+
+    def record_restart(self, query: str, cause: BaseException | str) -> None:
+        """The pipeline runner's restart strategy restarted ``query`` (all queries: ``*``)."""
+        text = str(cause).strip().splitlines()[0][:300] if str(cause).strip() else type(cause).__name__
+        with self._lock:
+            self._restarts.append(Restart(self._clock(), query, text))
+
+    # -- one checkpoint --------------------------------------------------------------------------
+
+    def _read_logs(self, watched: Watched) -> tuple[SparkLog, set[int], set[int], list[int]]:
+        """Spark's logs of ``watched`` into its cache: (log, planned, completed, the batches shown)."""
+        cache = self._caches[watched.name]
+        log = SparkLog(watched.checkpoint)
+        planned_times = _mtimes(log.fs, f"{log.root}/offsets")
+        completed_times = _mtimes(log.fs, f"{log.root}/commits")
+        planned = batch_ids(planned_times)
+        completed = batch_ids(completed_times)
+        for batch_id in planned:
+            cache.planned_at.setdefault(batch_id, planned_times[str(batch_id)])
+        for batch_id in completed:
+            cache.completed_at.setdefault(batch_id, completed_times[str(batch_id)])
+        shown = sorted(planned)[-self.thresholds.history_batches - 1:]
+        for batch_id in shown:
+            if batch_id not in cache.offsets:
+                cache.offsets[batch_id] = {
+                    (topic, int(partition)): int(offset)
+                    for source in log.source_offsets(batch_id) if isinstance(source, dict)
+                    for topic, partitions in source.items() if isinstance(partitions, dict)
+                    for partition, offset in partitions.items()}
+        return log, planned, completed, shown
+
+    def _query(self, watched: Watched, now: float, read: tuple[SparkLog, set[int], set[int], list[int]],
+               offsets_by_partition: PartitionOffsets | None) -> QueryStatus:
+        cache = self._caches[watched.name]
+        log, planned, completed, shown = read
+        last_planned = max(planned) if planned else None
+        last_completed = max(completed) if completed else None
+        sinks, committed_at = self._sinks(watched, log, cache, completed, last_planned, now)
+        batches = []
+        for batch_id in shown[-self.thresholds.history_batches:]:
+            start, end = cache.planned_at.get(batch_id), cache.completed_at.get(batch_id)
+            before = cache.offsets.get(batch_id - 1)
+            records = (sum(cache.offsets[batch_id].values()) - sum(before.values())) if before is not None else None
+            done = committed_at.get(batch_id)
+            batches.append(BatchPoint(batch_id, start, end, end - start if start and end else None, records, done,
+                                      max(0.0, done - end) if done and end else None))
+        partitions = self._partitions(cache, last_planned, last_completed, offsets_by_partition)
+        lags = [p.lag for p in partitions]
+        lag = sum(x for x in lags if x is not None) if lags and all(x is not None for x in lags) else None
+        growing = self._lag_growing(watched.name, now, lag)
+        with self._lock:
+            restarts = tuple(r for r in self._restarts if r.query in (watched.name, "*"))
+        return QueryStatus(watched.name, watched.checkpoint, last_planned, last_completed, len(completed),
+                           tuple(batches), sinks, partitions, lag, growing, restarts)
+
+    def _sinks(self, watched: Watched, log: SparkLog, cache: _CheckpointCache, completed: set[int],
+               last_planned: int | None, now: float) -> tuple[tuple[SinkStatus, ...], dict[int, float]]:
+        """Each journal under ``<checkpoint>/oncekit/``, and per batch when its last journal
+        marked it committed."""
+        out = []
+        committed_at: dict[int, float] = {}
+        for sink_id in sorted(list_names(log.fs, f"{log.root}/oncekit")):
+            if "journal" not in list_names(log.fs, f"{log.root}/oncekit/{sink_id}"):
+                continue
+            journal = Journal(watched.checkpoint, sink_id)
+            times = _mtimes(journal.fs, journal.directory)
+            journaled, done = batch_ids(times, ".json"), batch_ids(times, ".done")
+            for batch_id in done:
+                stamp = times[f"{batch_id}.done"]
+                committed_at[batch_id] = max(committed_at.get(batch_id, 0.0), stamp)
+            targets: dict[str, list[Any]] = {}
+            for batch_id in sorted(journaled & done):
+                key = (sink_id, batch_id)
+                if key not in cache.done_entries:
+                    try:
+                        cache.done_entries[key] = journal.read(batch_id)
+                    except FileNotFoundError:  # pruned between the listing and the read
+                        continue
+                for committable in cache.done_entries[key]:
+                    targets.setdefault(committable.sink_id, []).append(committable)
+            pending = []
+            for batch_id in sorted(journaled - done):
+                try:
+                    committables = journal.read(batch_id)
+                except FileNotFoundError:  # committed and pruned, or aborted, since the listing
+                    continue
+                for committable in committables:
+                    targets.setdefault(committable.sink_id, [])
+                behind = (last_planned - batch_id) if last_planned is not None else 0
+                pending.append(PendingBatch(batch_id, max(0.0, now - times[f"{batch_id}.json"]), batch_id in completed,
+                                            behind, len(committables), behind >= self.thresholds.uncommitted_triggers))
+            if watched.protocols.get(sink_id) == "fan-out":
+                for target in watched.protocols:
+                    if target != sink_id:
+                        targets.setdefault(target, [])
+            target_status = tuple(
+                TargetStatus(target, watched.protocols.get(target) or _protocol_of(found), len(found),
+                             sum(c.rows for c in found))
+                for target, found in sorted(targets.items()) if target != sink_id)
+            protocol = watched.protocols.get(sink_id) or (
+                "fan-out" if target_status else _protocol_of(targets.get(sink_id, [])))
+            latencies = [committed_at[b] - cache.completed_at[b] for b in sorted(done)[-1:] if b in cache.completed_at]
+            out.append(SinkStatus(
+                sink_id, protocol, target_status, len(journaled), len(journaled & done),
+                max(journaled & done) if journaled & done else None,
+                sum(1 for p in pending if p.completed), max(0.0, latencies[-1]) if latencies else None, tuple(pending)))
+        return tuple(out), committed_at
+
+    def _partitions(self, cache: _CheckpointCache, last_planned: int | None, last_completed: int | None,
+                    end: PartitionOffsets | None) -> tuple[PartitionLag, ...]:
+        if last_planned is None:
+            return ()
+        planned = cache.offsets.get(last_planned, {})
+        done = cache.offsets.get(last_completed, {}) if last_completed is not None else {}
+        out = []
+        for (topic, partition), offset in sorted(planned.items()):
+            end_offset, stable = (end or {}).get((topic, partition), (None, None))
+            completed_offset = done.get((topic, partition)) if last_completed is not None else None
+            lag = None if end_offset is None else max(0, end_offset - (completed_offset or 0))
+            out.append(PartitionLag(topic, partition, end_offset, stable, offset, completed_offset, lag))
+        return tuple(out)
+
+    def _lag_growing(self, name: str, now: float, lag: int | None) -> bool:
+        samples = self._lag_samples[name]
+        if lag is not None and (not samples or now - samples[-1][0] >= self.thresholds.lag_sample_interval_s):
+            samples.append((now, lag))
+        values = [v for _, v in samples]
+        return lag is not None and len(values) == samples.maxlen and all(b > a for a, b in zip(values, values[1:]))
+
+    def source_partitions(self) -> dict[str, list[int]]:
+        """Topic -> partitions the watched queries planned last (what to ask the broker about)."""
+        out: dict[str, set[int]] = {}
+        for cache in self._caches.values():
+            if cache.offsets:
+                for topic, partition in cache.offsets[max(cache.offsets)]:
+                    out.setdefault(topic, set()).add(partition)
+        return {topic: sorted(partitions) for topic, partitions in out.items()}
+
+    # -- everything ------------------------------------------------------------------------------
+
+    def collect(self, kafka_transactions_every_s: float = 0.0) -> Snapshot:
+        """One snapshot. Open Kafka transactions are asked for at most every
+        ``kafka_transactions_every_s`` (each ask starts JVMs); in between the last answer is kept.
+        A failing service or checkpoint never raises: it shows in ``errors`` (no secrets)."""
+        from oncekit.connectors.redact import redact_dsn
+
+        now = self._clock()
+        errors: dict[str, str] = {}
+        offsets: PartitionOffsets | None = None
+        reads: list[tuple[SparkLog, set[int], set[int], list[int]] | Exception] = []
+        for watched in self.watched:
+            try:
+                reads.append(self._read_logs(watched))
+            except Exception as exc:
+                reads.append(exc)
+        wanted = self.source_partitions()
+        if self._end_offsets is not None and wanted:
+            try:
+                offsets = self._end_offsets(wanted)
+            except Exception as exc:  # shown on the page; the next refresh asks again
+                errors["kafka"] = redact_dsn(str(exc) or type(exc).__name__)[:300]
+        queries = []
+        for watched, read in zip(self.watched, reads):
+            try:
+                if isinstance(read, Exception):
+                    raise read
+                queries.append(self._query(watched, now, read, offsets))
+            except Exception as exc:
+                logger.warning("status: checkpoint %s unreadable: %s", watched.checkpoint, exc)
+                queries.append(QueryStatus(watched.name, watched.checkpoint, None, None, 0, (), (), (), None, False, (),
+                                           error=redact_dsn(str(exc))[:300]))
+        prepared = None
+        if self._prepared is not None:
+            try:
+                prepared = tuple(self._prepared_status(t, queries) for t in self._prepared())
+            except Exception as exc:
+                errors["postgres"] = redact_dsn(str(exc) or type(exc).__name__)[:300]
+        kafka_transactions, kafka_at = self._kafka(now, kafka_transactions_every_s, errors)
+        alerts = self._alerts(queries, prepared, kafka_transactions)
+        return Snapshot(now, self.thresholds, tuple(queries), prepared, kafka_transactions, kafka_at,
+                        alerts, errors)
+
+    def _kafka(self, now: float, every_s: float,
+               errors: dict[str, str]) -> tuple[tuple[KafkaTransactionStatus, ...] | None, float | None]:
+        if self._kafka_transactions is None:
+            return None, None
+        if self._kafka_last is None or now - self._kafka_last[0] >= every_s:
+            try:
+                self._kafka_last = (now, tuple(self._kafka_transactions()), None)
+            except Exception as exc:
+                self._kafka_last = (now, None, (str(exc) or type(exc).__name__)[:300])
+        asked_at, found, error = self._kafka_last
+        if error is not None:
+            errors["kafka_transactions"] = error
+        if found is None:
+            return None, asked_at
+        timeout = self.thresholds.transaction_timeout_s
+        return tuple(KafkaTransactionStatus(t.transactional_id, t.state, t.age_s + (now - asked_at), t.timeout_ms / 1000,
+                                            t.partitions, t.age_s + (now - asked_at) > timeout)
+                     for t in found), asked_at
+
+    def _prepared_status(self, transaction: PreparedTransaction, queries: Sequence[QueryStatus]) -> PreparedStatus:
+        parsed = TransactionId.parse(transaction.gid)
+        red = transaction.age_s > self.thresholds.transaction_timeout_s
+        if parsed is None:
+            return PreparedStatus(transaction.gid, None, None, None, None, "not a name oncekit makes",
+                                  transaction.age_s, transaction.locks, transaction.relations, red)
+        owner, state = None, "no watched query writes this sink"
+        for query in queries:
+            for sink in query.sinks:
+                if parsed.sink_id != sink.sink_id and parsed.sink_id not in {t.sink_id for t in sink.targets}:
+                    continue
+                owner = query.name
+                waiting = {p.batch_id: p for p in sink.pending}
+                if parsed.batch_id in waiting:
+                    state = ("checkpoint complete, commit pending" if waiting[parsed.batch_id].completed
+                             else "journaled, checkpoint not complete")
+                elif query.last_planned == parsed.batch_id and parsed.batch_id != query.last_completed:
+                    state = "batch running"
+                else:
+                    state = "not journaled: recovery aborts it at the next batch"
+        return PreparedStatus(transaction.gid, parsed.sink_id, parsed.batch_id, parsed.partition_id, owner, state,
+                              transaction.age_s, transaction.locks, transaction.relations, red)
+
+    def _alerts(self, queries: Sequence[QueryStatus], prepared: Sequence[PreparedStatus] | None,
+                kafka: Sequence[KafkaTransactionStatus] | None) -> tuple[Alert, ...]:
+        timeout = self.thresholds.transaction_timeout_s
+        alerts = []
+        for query in queries:
+            if query.error:
+                alerts.append(Alert("checkpoint_unreadable", f"{query.name}: {query.error}"))
+            for sink in query.sinks:
+                for batch in sink.pending:
+                    if batch.red:
+                        alerts.append(Alert("batch_not_committed",
+                                            f"{query.name} sink {sink.sink_id} batch {batch.batch_id}: journaled "
+                                            f"{batch.age_s:.0f} s ago, not committed {batch.behind} batches later"))
+            if query.lag_growing:
+                alerts.append(Alert("lag_growing", f"{query.name}: source lag {query.lag_records} records, grew in each "
+                                                   f"of the last {self.thresholds.lag_growth_samples} samples"))
+        for transaction in prepared or ():
+            if transaction.red:
+                alerts.append(Alert("prepared_transaction_too_old",
+                                    f"prepared transaction {transaction.gid}: {transaction.age_s:.0f} s old (timeout "
+                                    f"{timeout:.0f} s), {transaction.locks} locks on "
+                                    f"{', '.join(transaction.relations) or 'no relation'}; {transaction.state}"))
+        for open_transaction in kafka or ():
+            if open_transaction.red:
+                alerts.append(Alert("kafka_transaction_too_old",
+                                    f"Kafka transaction {open_transaction.transactional_id} open "
+                                    f"{open_transaction.age_s:.0f} s on {', '.join(open_transaction.partitions)}: "
+                                    "read_committed consumers of those partitions are blocked"))
+        return tuple(alerts)
