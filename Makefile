@@ -8,12 +8,12 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo test bench install broker engine typecheck pytest clean
+.PHONY: demo test bench install broker engine browser typecheck pytest clean
 
 demo: install broker
 	$(VENV)/bin/oncekit demo
 
-test: install broker engine typecheck pytest
+test: install broker engine browser typecheck pytest
 
 install: $(STAMP)
 
@@ -25,6 +25,11 @@ $(STAMP): pyproject.toml
 
 broker:
 	docker/fetch-kafka.sh
+	docker/kafka-tools/fetch.sh
+
+# Debian's chromium, which the status page's browser test drives through Playwright.
+browser:
+	docker/chromium/setup.sh
 
 # A container engine for testcontainers: Docker if one answers, else Podman with locally built images.
 engine:
@@ -57,4 +62,4 @@ $(QUIX_STAMP): pyproject.toml | install
 	touch $@
 
 clean:
-	rm -rf $(VENV) .oncekit build *.egg-info docker/kafka/target
+	rm -rf $(VENV) .oncekit build *.egg-info docker/kafka/target docker/kafka-tools/target

@@ -355,7 +355,7 @@ class StatusCollector:
                 for target, found in sorted(targets.items()) if target != sink_id)
             protocol = watched.protocols.get(sink_id) or (
                 "fan-out" if target_status else _protocol_of(targets.get(sink_id, [])))
-            latencies = [committed_at[b] - cache.completed_at[b] for b in sorted(done)[-1:] if b in cache.completed_at]
+            latencies = [times[f"{b}.done"] - cache.completed_at[b] for b in sorted(done)[-1:] if b in cache.completed_at]
             out.append(SinkStatus(
                 sink_id, protocol, target_status, len(journaled), len(journaled & done),
                 max(journaled & done) if journaled & done else None,
