@@ -276,6 +276,15 @@ class StatusCollector:
         for batch_id in completed:
             cache.completed_at.setdefault(batch_id, completed_times[str(batch_id)])
         shown = sorted(planned)[-self.thresholds.history_batches - 1:]
+        if shown:  # a long-running query's cache keeps what the page shows, not every batch ever
+            oldest = min(shown[0], min(completed, default=shown[0]))
+            for stale in [b for b in cache.offsets if b < shown[0]]:
+                del cache.offsets[stale]
+            for times in (cache.planned_at, cache.completed_at):
+                for stale in [b for b in times if b < oldest]:
+                    del times[stale]
+            for key in [k for k in cache.done_entries if k[1] < oldest]:
+                del cache.done_entries[key]
         for batch_id in shown:
             if batch_id not in cache.offsets:
                 cache.offsets[batch_id] = {

@@ -250,3 +250,23 @@ def test_transactions_command_tables_parsed() -> None:
         "CurrentTransactionStartTimeMs\tTransactionDurationMs\tTopicPartitions\n"
         "1\toncekit-kafka-out-0\t3\t0\tOngoing\t60000\t1700000000000\t4200\tout-0,out-1\n")
     assert described[0]["TopicPartitions"] == "out-0,out-1" and described[0]["TransactionDurationMs"] == "4200"
+
+
+def test_status_checkpoint_flags_name_each_query() -> None:
+    from oncekit.status.command import watched_from_flags
+
+    named, plain, remote = watched_from_flags(["balances=/cp/a", "/cp/pipeline/", "s3a://bucket/cp/q1"])
+    assert (named.name, named.checkpoint) == ("balances", "/cp/a")
+    assert (plain.name, plain.checkpoint) == ("pipeline", "/cp/pipeline")
+    assert (remote.name, remote.checkpoint) == ("q1", "s3a://bucket/cp/q1")
+
+
+def test_status_protocols_of_fan_out_name_every_target() -> None:
+    from oncekit.core.fanout import fan_out
+    from oncekit.sinks.kafka import kafka_sink
+    from oncekit.sinks.postgres import postgres_sink
+    from oncekit.status.command import protocols_of
+
+    sink = fan_out({"t": postgres_sink(f"postgresql://u:{SECRET}@h/db", "tbl", "two-phase-commit"),
+                    "k": kafka_sink("h:9092", "out", "transactional")})
+    assert protocols_of(sink) == {sink.sink_id: "fan-out", "pg-tbl": "two-phase-commit", "kafka-out": "transactional"}
