@@ -9,7 +9,7 @@ and ``oncekit doctor`` through :func:`load_with_services`. The file has five tab
     [topics]      payments, balance_updates, partitions
     [tables]      balances, minute_totals, late_events, dead_letters
     [guarantees]  balances, minute_totals, balance_updates (the sink protocols)
-    [pipeline]    checkpoint, max_offsets_per_trigger, dedup_ttl_s, allowed_lateness_s, trigger_s
+    [pipeline]    checkpoint, max_offsets_per_trigger, dedup_ttl_s, allowed_lateness_s, trigger_s, buckets
     [restart]     a restart strategy: type = "fixed-delay", attempts = 3, delay_s = 5 ...
 
 Overrides are dotted keys (``{"pipeline.checkpoint": "/tmp/cp"}``). Unknown keys are refused, so
@@ -90,6 +90,7 @@ class RunConfig:
     dedup_ttl_s: int = 3600
     allowed_lateness_s: int = 60
     trigger_s: float = 0.0
+    buckets: int = 32
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,8 @@ class PipelineConfig:
                               f"got {self.guarantees.minute_totals!r}")
         if self.pipeline.max_offsets_per_trigger <= 0 or self.topics.partitions <= 0:
             raise ConfigError("pipeline.max_offsets_per_trigger and topics.partitions must be positive")
+        if self.pipeline.buckets <= 0:
+            raise ConfigError("pipeline.buckets must be positive")
         if self.pipeline.dedup_ttl_s <= 0 or self.pipeline.allowed_lateness_s < 0:
             raise ConfigError("pipeline.dedup_ttl_s must be positive and pipeline.allowed_lateness_s not negative")
         self.restart_strategy()  # validates the [restart] table now, not at the first failure

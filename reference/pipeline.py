@@ -9,7 +9,7 @@ under ``<checkpoint>/pipeline``; each row carries the name of its target:
   type) with the reason, into PostgreSQL (idempotent, keyed by Kafka partition and offset).
 - ``balances``: well-formed payments, deduplicated by event id in the JVM (Spark's
   ``dropDuplicatesWithinWatermark`` on the Kafka record time, ``dedup_ttl_s``), through
-  :class:`~oncekit.reference.processor.PaymentProcessor` (transformWithState, keyed by account):
+  :class:`~oncekit.reference.processor.PaymentProcessor` (transformWithStateInPandas, keyed by a bucket of accounts):
   each account's running balance into PostgreSQL with two-phase commit ...
 - ``balance_updates``: ... and the same balance rows into a Kafka topic, with Kafka transactions.
 - ``minute_totals``: per account and event-time minute, the total of on-time payments into
@@ -172,9 +172,12 @@ class ReferencePipeline:
         ``dedup_ttl_s`` of the first copy and is dropped whatever the batch boundaries, and a
         payment late by event time is not late here. Records that are not a payment keep their
         own (partition, offset) as dedup key and go to a group of their partition (negative
-        keys, no account has them). The processor runs in Append mode (the kit's sinks take
-        appends): each row it emits is a fact of its batch, and the sinks turn balance and total
-        rows into upserts by key."""
+        keys; payments are grouped by ``account mod buckets``, never negative), with their
+        numeric fields 0 instead of NULL so that the processor's pandas columns stay int64 (a
+        NULL would turn a column into floats and large amounts inexact). The processor runs as
+        transformWithStateInPandas in Append mode (the kit's sinks take appends): each row it
+        emits is a fact of its batch, and the sinks turn balance and total rows into upserts by
+        key."""
         from pyspark.sql import functions as F
 
         from oncekit.reference.processor import PROCESSED_SCHEMA, PaymentProcessor
@@ -184,12 +187,14 @@ class ReferencePipeline:
         records = (self.parsed(spark)
                    .withColumn("dedup_key", F.when(good, F.col("event_id")).otherwise(
                        F.format_string("dead:%d:%d", "kafka_partition", "kafka_offset")))
-                   .withColumn("group_key", F.when(good, F.col("account_id")).otherwise(-1 - F.col("kafka_partition")))
+                   .withColumn("group_key", F.when(good, F.pmod("account_id", F.lit(run.buckets)))
+                               .otherwise(-1 - F.col("kafka_partition")))
                    .withWatermark("kafka_ts", f"{run.dedup_ttl_s} seconds")
                    .dropDuplicatesWithinWatermark(["dedup_key"])
-                   .select("group_key", "event_id", "amount_cents", "event_ms", "kafka_partition", "kafka_offset",
-                           "raw", "reason"))
-        return records.groupBy("group_key").transformWithState(
+                   .select("group_key", *(F.coalesce(name, F.lit(0)).alias(name)
+                                          for name in ("account_id", "amount_cents", "event_ms")),
+                           "event_id", "kafka_partition", "kafka_offset", "raw", "reason"))
+        return records.groupBy("group_key").transformWithStateInPandas(
             statefulProcessor=PaymentProcessor(run.allowed_lateness_s * 1000), outputStructType=PROCESSED_SCHEMA,
             outputMode="Append", timeMode="None")
 
@@ -240,7 +245,8 @@ class ReferencePipeline:
 
         run = self.config.pipeline
         operators = ("parse", f"dropDuplicatesWithinWatermark:event_id:kafka_ts:ttl={run.dedup_ttl_s}",
-                     f"transformWithState:PaymentProcessor:v{PROCESSOR_VERSION}:lateness={run.allowed_lateness_s}")
+                     f"transformWithStateInPandas:PaymentProcessor:v{PROCESSOR_VERSION}:lateness={run.allowed_lateness_s}"
+                     f":buckets={run.buckets}")
         return [QuerySpec("pipeline", self.routed(spark), self.sink(), "append", operators)]
 
     def fingerprints(self, spark: SparkSession) -> dict[str, dict[str, str]]:
