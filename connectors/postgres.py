@@ -83,14 +83,17 @@ class PreparedTransaction:
 def prepared_transaction_details(conn: psycopg.Connection[Any],
                                  prefix: str = TransactionId.PREFIX) -> list[PreparedTransaction]:
     """Like :func:`prepared_transactions`, with each transaction's age (server clock) and the locks
-    it holds (``pg_locks`` lists a prepared transaction's under virtual transaction ``-1/<xid>``).
-    Called by the status page, never by a sink."""
+    it holds. ``pg_locks`` shows a prepared transaction's locks without a pid, under the virtual
+    transaction that holds the lock on its own transaction id. Called by the status page, never by
+    a sink."""
     rows = conn.execute(
         "SELECT p.gid, extract(epoch FROM now() - p.prepared)::float8, p.owner::text,"
-        " (SELECT count(*) FROM pg_locks l WHERE l.virtualtransaction = '-1/' || p.transaction::text),"
+        " (SELECT count(*) FROM pg_locks l WHERE l.pid IS NULL AND l.virtualtransaction = v.vxid),"
         " (SELECT coalesce(array_agg(DISTINCT l.relation::regclass::text), '{}') FROM pg_locks l"
-        "   WHERE l.virtualtransaction = '-1/' || p.transaction::text AND l.relation IS NOT NULL)"
-        " FROM pg_prepared_xacts p WHERE p.database = current_database() AND starts_with(p.gid, %s) ORDER BY p.gid",
+        "   WHERE l.pid IS NULL AND l.virtualtransaction = v.vxid AND l.relation IS NOT NULL)"
+        " FROM pg_prepared_xacts p LEFT JOIN LATERAL (SELECT l.virtualtransaction AS vxid FROM pg_locks l"
+        "   WHERE l.locktype = 'transactionid' AND l.transactionid = p.transaction AND l.pid IS NULL LIMIT 1) v ON true"
+        " WHERE p.database = current_database() AND starts_with(p.gid, %s) ORDER BY p.gid",
         (prefix,),
     ).fetchall()
     return [PreparedTransaction(gid.decode() if isinstance(gid, bytes) else str(gid), float(age), str(owner),

@@ -128,7 +128,9 @@ function queryCard(query, snapshot) {
       el("td", {}, age(oldest))));
     for (const target of sink.targets) {
       sinkRows.push(el("tr", {class: "muted"}, el("td", {}, "  → " + target.sink_id), el("td", {}, target.protocol),
-        el("td", {}, ""), el("td", {}, fmt(target.committed_committables) + " committables, " + fmt(target.committed_rows) + " rows"),
+        el("td", {}, ""), el("td", {}, target.committed_committables
+          ? fmt(target.committed_committables) + " committables, " + fmt(target.committed_rows) + " rows"
+          : "committed by its tasks"),
         el("td", {}), el("td", {}), el("td", {}), el("td", {}), el("td", {})));
     }
   }
