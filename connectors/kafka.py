@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic  # type: ignore[attr-defined]
 
 from oncekit.connectors.redact import redact_config
@@ -120,3 +120,13 @@ def broker_settings(config: KafkaConfig) -> dict[str, str]:
     resource = ConfigResource(ConfigResource.Type.BROKER, str(broker))
     described = admin.describe_configs([resource])[resource].result(timeout=30)
     return {name: entry.value for name, entry in described.items()}
+
+
+def end_offsets(config: KafkaConfig, topic: str) -> dict[int, int]:
+    """Per partition of ``topic``, its high watermark (the offset after its last record)."""
+    consumer = Consumer(config.settings(group_id="oncekit-end-offsets"))
+    try:
+        partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
+        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in sorted(partitions)}
+    finally:
+        consumer.close()

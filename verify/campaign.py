@@ -15,6 +15,7 @@ Runs are reproducible from a seed: the fault schedule is drawn from ``random.Ran
 
 from __future__ import annotations
 
+import logging
 import tempfile
 import time
 from collections import Counter
@@ -22,8 +23,11 @@ from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import psycopg
+from confluent_kafka import KafkaException
+
 from oncekit.connectors import KafkaConfig, Services
-from oncekit.connectors.kafka import create_topic
+from oncekit.connectors.kafka import create_topic, end_offsets
 from oncekit.core.crash import POINTS, arm, disarm, fired_at
 from oncekit.core.errors import ConfigError
 from oncekit.core.spark_log import SparkLog
@@ -33,6 +37,8 @@ from oncekit.verify.examples import EXAMPLES, PER_BATCH, PipelineContext, sink_k
 from oncekit.verify.faults import Fault, schedule
 from oncekit.verify.io import KafkaOutput, Upstream, prepare_target, prepared_transactions, produce_input, table_ids
 from oncekit.verify.report import CampaignReport, FaultResult
+
+logger = logging.getLogger(__name__)
 
 CHUNK = 300  # input produced before each fault of a campaign: one batch of PER_BATCH, rows in both partitions
 
@@ -63,6 +69,15 @@ class Campaign:
         self.expected: list[int] = []
         self.upstream = upstream
         self.produced = 0
+
+    def observe(self) -> list[Hashable] | None:
+        """:meth:`output`, or None while a service it reads is unreachable (a fault in progress,
+        or a connection it broke): the wait loop looks again."""
+        try:
+            return self.output()
+        except (psycopg.OperationalError, KafkaException) as exc:
+            logger.info("verify: output unreadable for now (%s)", exc)
+            return None
 
     def output(self) -> list[Hashable]:
         """Every record committed so far: ids, or (target, id) pairs when the pipeline writes to
@@ -110,20 +125,24 @@ class Campaign:
                 if where is not None:
                     ended, batch = time.monotonic(), where.get("batch")
             self.driver.ensure_running()
-            got = self.output()
+            got = self.observe()
+            if got is None:
+                time.sleep(0.3)
+                continue
             progress = (len(got), self.batch_in_flight(), self.batch_committed())
-            running = self.driver.running_query()
-            # Quiet means: the query runs, and no new output and no batch planned or committed. A
-            # driver restarted after kill -9 can take over 30 s to start its query on a busy machine.
-            if progress != seen or not running:
+            if progress != seen:
                 seen, last_change = progress, time.monotonic()
-            if not (want - Counter(got)) and self._idle() and running:
+            done = self._idle() and self.driver.running_query()
+            if not (want - Counter(got)) and done:
                 caught_up = caught_up or time.monotonic()
                 if time.monotonic() - last_change > 1.0:  # settled: late duplicates would have shown
                     break
             quiet = time.monotonic() - last_change
-            if quiet > self.quiet_s and self._idle():
-                break  # nothing more is coming: what is missing is lost
+            if done and quiet > self.quiet_s and self._drained():
+                # Spark has planned and committed all the input and nothing changed since: what
+                # is missing is lost. Short of that (a query restarting, a service coming back),
+                # the loop waits until the deadline.
+                break
             if self.kafka_output is not None and quiet > 10 and time.monotonic() - reconnected > 10:
                 self.kafka_output.reconnect()
                 reconnected = time.monotonic()
@@ -144,6 +163,17 @@ class Campaign:
         """Spark has committed every batch it planned."""
         planned = self.batch_in_flight()
         return planned is not None and planned == self.batch_committed()
+
+    def _drained(self) -> bool:
+        """The latest planned batch ends at the input topic's end: no input is left to plan."""
+        planned = self.batch_in_flight()
+        if planned is None:
+            return False
+        try:
+            ends = {int(p): o for p, o in self.spark_log.source_offsets(planned)[0][self.ctx.input_topic].items()}
+            return ends == end_offsets(self.kafka, self.ctx.input_topic)
+        except (OSError, LookupError, TypeError, ValueError, KafkaException):
+            return False  # a source without offsets, or a log being written: not known to be drained
 
     def _inject(self, fault: Fault) -> tuple[float | None, int | None]:
         """Inject ``fault``; returns when it ended and the batch in flight (None, None for a crash
@@ -172,7 +202,7 @@ class Campaign:
         what it left behind (prepared transactions, partitions with an open Kafka transaction)."""
         code = self.driver.stop()
         final = compare(self.wanted(), self.output())
-        left = [f"prepared transaction {gid}" for gid in prepared_transactions(self.services.postgres.dsn)]
+        left = [f"prepared transaction {gid}" for gid in prepared_transactions(self.services.postgres.dsn, self.ctx.output)]
         if self.kafka_output is not None:
             left += [f"open transaction in {self.ctx.output}[{p}]" for p in self.kafka_output.open_transactions()]
             self.kafka_output.__exit__()

@@ -154,11 +154,12 @@ def table_ids(dsn: str, table: str) -> list[int]:
         return [row[0] for row in conn.execute(sql.SQL("SELECT id FROM {}").format(sql.Identifier(table)))]
 
 
-def prepared_transactions(dsn: str) -> list[str]:
-    """Every prepared transaction in ``dsn``'s database, whoever made it: the harness checks that
-    none is left behind."""
+def prepared_transactions(dsn: str, target: str = "") -> list[str]:
+    """The prepared transactions in ``dsn``'s database, whoever made them, of the sinks whose id
+    names ``target`` if given (runs that share a database judge only their own leftovers): the
+    harness checks that none is left behind."""
     with connect(dsn) as conn:
-        return postgres.prepared_transactions(conn, prefix="")
+        return [gid for gid in postgres.prepared_transactions(conn, prefix="") if target in gid]
 
 
 def committed_output(sink: str, kafka: KafkaConfig, dsn: str, target: str, expected: int) -> list[int]:
