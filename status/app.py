@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -35,39 +36,47 @@ STATIC = Path(str(resources.files("oncekit.status") / "static"))
 
 
 class StatusService:
-    """Keeps the newest snapshot of ``collector``, refreshed every ``refresh_s`` on a daemon
-    thread (open Kafka transactions every ``kafka_transactions_every_s``). Started by
+    """Keeps the newest snapshot of ``collector``: refreshed every ``refresh_s`` on a daemon
+    thread, with open Kafka transactions asked every ``kafka_transactions_every_s`` on a second
+    one (each ask starts JVMs, which must not hold back the checkpoint figures). Started by
     :class:`StatusServer`; :meth:`latest` is safe from any thread."""
 
     def __init__(self, collector: StatusCollector, refresh_s: float = 2.0, kafka_transactions_every_s: float = 10.0) -> None:
         self.collector, self.refresh_s, self.kafka_every_s = collector, refresh_s, kafka_transactions_every_s
         self._latest: Snapshot | None = None
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
 
     def latest(self) -> Snapshot | None:
         return self._latest
 
-    def refresh(self) -> Snapshot:
-        self._latest = self.collector.collect(self.kafka_every_s)
+    def refresh(self, ask_kafka_transactions: bool = True) -> Snapshot:
+        self._latest = self.collector.collect(ask_kafka_transactions)
         return self._latest
 
     def start(self) -> None:
-        self.refresh()
-        self._thread = threading.Thread(target=self._run, name="oncekit-status-refresh", daemon=True)
-        self._thread.start()
+        self.refresh(ask_kafka_transactions=False)
+        self._threads = [
+            threading.Thread(target=self._every, args=(self.refresh_s, lambda: self.refresh(False)),
+                             name="oncekit-status-refresh", daemon=True),
+            threading.Thread(target=self._every, args=(self.kafka_every_s, self.collector.ask_kafka_transactions, True),
+                             name="oncekit-status-kafka-transactions", daemon=True)]
+        for thread in self._threads:
+            thread.start()
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.refresh_s):
+    def _every(self, period_s: float, work: Callable[[], object], now: bool = False) -> None:
+        wait_s = 0.0 if now else period_s
+        while not self._stop.wait(wait_s):
+            wait_s = period_s
             try:
-                self.refresh()
+                work()
             except Exception as exc:  # the page shows the last good snapshot; try again next time
                 logger.warning("status: refresh failed: %s", exc)
 
     def stop(self) -> None:
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
+        for thread in self._threads:
+            thread.join(timeout=30)
 
 
 def create_app(service: StatusService) -> Starlette:

@@ -403,10 +403,13 @@ class StatusCollector:
 
     # -- everything ------------------------------------------------------------------------------
 
-    def collect(self, kafka_transactions_every_s: float = 0.0) -> Snapshot:
-        """One snapshot. Open Kafka transactions are asked for at most every
-        ``kafka_transactions_every_s`` (each ask starts JVMs); in between the last answer is kept.
-        A failing service or checkpoint never raises: it shows in ``errors`` (no secrets)."""
+    def collect(self, ask_kafka_transactions: bool = True) -> Snapshot:
+        """One snapshot. With ``ask_kafka_transactions`` it first asks the broker for open
+        transactions (:meth:`ask_kafka_transactions`, which starts JVMs); without, it uses the last
+        answer, which the caller refreshes on a thread of its own. A failing service or
+        checkpoint never raises: it shows in ``errors`` (no secrets)."""
+        if ask_kafka_transactions:
+            self.ask_kafka_transactions()
         from oncekit.connectors.redact import redact_dsn
 
         now = self._clock()
@@ -440,21 +443,32 @@ class StatusCollector:
                 prepared = tuple(self._prepared_status(t, queries) for t in self._prepared())
             except Exception as exc:
                 errors["postgres"] = redact_dsn(str(exc) or type(exc).__name__)[:300]
-        kafka_transactions, kafka_at = self._kafka(now, kafka_transactions_every_s, errors)
+        kafka_transactions, kafka_at = self._kafka(now, errors)
         alerts = self._alerts(queries, prepared, kafka_transactions)
         return Snapshot(now, self.thresholds, tuple(queries), prepared, kafka_transactions, kafka_at,
                         alerts, errors)
 
-    def _kafka(self, now: float, every_s: float,
-               errors: dict[str, str]) -> tuple[tuple[KafkaTransactionStatus, ...] | None, float | None]:
+    def ask_kafka_transactions(self) -> None:
+        """Ask the broker for its open transactions now and keep the answer (or the error) for
+        the next snapshots. Safe to call from a thread of its own."""
         if self._kafka_transactions is None:
+            return
+        asked_at = self._clock()
+        try:
+            answer: tuple[float, tuple[KafkaTransaction, ...] | None, str | None] = (
+                asked_at, tuple(self._kafka_transactions()), None)
+        except Exception as exc:
+            answer = (asked_at, None, (str(exc) or type(exc).__name__)[:300])
+        with self._lock:
+            self._kafka_last = answer
+
+    def _kafka(self, now: float,
+               errors: dict[str, str]) -> tuple[tuple[KafkaTransactionStatus, ...] | None, float | None]:
+        with self._lock:
+            last = self._kafka_last
+        if self._kafka_transactions is None or last is None:
             return None, None
-        if self._kafka_last is None or now - self._kafka_last[0] >= every_s:
-            try:
-                self._kafka_last = (now, tuple(self._kafka_transactions()), None)
-            except Exception as exc:
-                self._kafka_last = (now, None, (str(exc) or type(exc).__name__)[:300])
-        asked_at, found, error = self._kafka_last
+        asked_at, found, error = last
         if error is not None:
             errors["kafka_transactions"] = error
         if found is None:
