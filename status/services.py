@@ -6,6 +6,7 @@ restarted service is simply asked again at the next refresh. Errors never carry 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -20,10 +21,25 @@ from oncekit.status.kafka_transactions import KafkaTransaction, open_transaction
 from oncekit.status.model import EndOffsets, KafkaTransactionReader, PartitionOffsets, PreparedReader
 
 
+class _Demoted(logging.Filter):
+    """librdkafka's own lines (a broker restarting: "Connect ... failed") go to DEBUG: the page
+    shows what failed from the call's error, once per refresh."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno > logging.DEBUG:
+            _CLIENT_LOG.debug("%s", record.getMessage())
+            return False
+        return True
+
+
+_CLIENT_LOG = logging.getLogger(__name__ + ".librdkafka")
+_CLIENT_LOG.addFilter(_Demoted())
+
+
 def end_offsets(config: KafkaConfig, timeout_s: float = 10.0) -> EndOffsets:
     """Per partition: the end offset (high watermark) and the last stable offset, the end a
     read_committed reader (the kit's source) can reach; an open transaction holds the latter back."""
-    admin = AdminClient(config.settings())  # one client for the collector's life: metadata is cached
+    admin = AdminClient(config.settings(logger=_CLIENT_LOG))  # one client for the collector's life
 
     def ask(wanted: Mapping[str, Sequence[int]]) -> PartitionOffsets:
         from confluent_kafka import IsolationLevel
