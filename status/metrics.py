@@ -33,6 +33,7 @@ METRICS: dict[str, str] = {
     "oncekit_uncommitted_batches": "Journaled batches not yet committed (running ones included)",
     "oncekit_oldest_uncommitted_batch_age_seconds": "Age of the oldest journaled batch not yet committed (0: none)",
     "oncekit_committed_batches": "Journaled batches marked committed that the journal still keeps",
+    "oncekit_aborted_batches": "Journaled batches seen aborted or re-run by recovery since the status page started",
     "oncekit_source_end_offset": "End offset (high watermark) of a source partition",
     "oncekit_source_stable_offset": "Last stable offset of a source partition (held back by open transactions)",
     "oncekit_source_planned_offset": "End offset of the newest planned batch, per source partition",
@@ -78,6 +79,7 @@ class SnapshotMetrics(Collector):
         uncommitted = _gauge("oncekit_uncommitted_batches", ["query", "sink"])
         oldest = _gauge("oncekit_oldest_uncommitted_batch_age_seconds", ["query", "sink"])
         committed = _gauge("oncekit_committed_batches", ["query", "sink"])
+        aborted = CounterMetricFamily("oncekit_aborted_batches", METRICS["oncekit_aborted_batches"], labels=["query", "sink"])
         offsets = {name: _gauge(name, ["query", "topic", "partition"]) for name in (
             "oncekit_source_end_offset", "oncekit_source_stable_offset", "oncekit_source_planned_offset",
             "oncekit_source_completed_offset", "oncekit_source_lag_records")}
@@ -102,6 +104,7 @@ class SnapshotMetrics(Collector):
                 uncommitted.add_metric(labels, len(sink.pending))
                 oldest.add_metric(labels, max((p.age_s for p in sink.pending), default=0.0))
                 committed.add_metric(labels, sink.committed)
+                aborted.add_metric(labels, sink.aborted_total)
             for partition in query.partitions:
                 labels = [query.name, partition.topic, str(partition.partition)]
                 for name, value in (("oncekit_source_end_offset", partition.end_offset),
@@ -114,7 +117,7 @@ class SnapshotMetrics(Collector):
             growing.add_metric([query.name], 1 if query.lag_growing else 0)
             restarts.add_metric([query.name], len(query.restarts))
         yield from (planned, completed, count, duration, records, latency, lag_batches, uncommitted, oldest, committed,
-                    *offsets.values(), growing, restarts)
+                    aborted, *offsets.values(), growing, restarts)
 
     def _services(self, snapshot: Snapshot) -> Iterator[Metric]:
         up = _gauge("oncekit_status_source_up", ["source"])

@@ -111,8 +111,19 @@ class TargetStatus:
 
 
 @dataclass(frozen=True)
+class AbortedBatch:
+    """A journaled batch seen to leave the journal uncommitted (recovery aborted it: its
+    checkpoint never completed), or journaled anew (a re-run replaced the first attempt)."""
+
+    batch_id: int
+    seen_at: float
+    how: str
+
+
+@dataclass(frozen=True)
 class SinkStatus:
-    """One journal (a sink, or a fan-out with its targets)."""
+    """One journal (a sink, or a fan-out with its targets). ``aborted`` holds what this page saw
+    since it started (the journal keeps no record of aborts), newest last."""
 
     sink_id: str
     protocol: str
@@ -123,6 +134,8 @@ class SinkStatus:
     commit_lag_batches: int
     commit_latency_s: float | None
     pending: tuple[PendingBatch, ...]
+    aborted: tuple[AbortedBatch, ...] = ()
+    aborted_total: int = 0
 
 
 @dataclass(frozen=True)
@@ -224,6 +237,9 @@ class _CheckpointCache:
         self.planned_at: dict[int, float] = {}
         self.completed_at: dict[int, float] = {}
         self.done_entries: dict[tuple[str, int], list[Any]] = {}
+        self.pending_seen: dict[str, dict[int, float]] = {}  # sink -> batch -> journal entry's time, last refresh
+        self.aborted: dict[str, collections.deque[AbortedBatch]] = {}
+        self.aborted_total: dict[str, int] = {}
 
 
 def _mtimes(fs: Any, directory: str) -> dict[str, float]:
@@ -354,6 +370,7 @@ class StatusCollector:
                 behind = (last_planned - batch_id) if last_planned is not None else 0
                 pending.append(PendingBatch(batch_id, max(0.0, now - times[f"{batch_id}.json"]), batch_id in completed,
                                             behind, len(committables), behind >= self.thresholds.uncommitted_triggers))
+            self._observe_aborts(cache, sink_id, {b: times[f"{b}.json"] for b in journaled - done}, done, now)
             if watched.protocols.get(sink_id) == "fan-out":
                 for target in watched.protocols:
                     if target != sink_id:
@@ -368,8 +385,29 @@ class StatusCollector:
             out.append(SinkStatus(
                 sink_id, protocol, target_status, len(journaled), len(journaled & done),
                 max(journaled & done) if journaled & done else None,
-                sum(1 for p in pending if p.completed), max(0.0, latencies[-1]) if latencies else None, tuple(pending)))
+                sum(1 for p in pending if p.completed), max(0.0, latencies[-1]) if latencies else None, tuple(pending),
+                tuple(cache.aborted.get(sink_id, ())), cache.aborted_total.get(sink_id, 0)))
         return tuple(out), committed_at
+
+    @staticmethod
+    def _observe_aborts(cache: _CheckpointCache, sink_id: str, pending: dict[int, float], done: set[int],
+                        now: float) -> None:
+        """Compare with the last refresh: a pending batch gone without being marked done was
+        aborted by recovery (the engine aborts and forgets a journaled batch whose checkpoint
+        never completed); one journaled anew was re-run after its first attempt was aborted."""
+        before = cache.pending_seen.get(sink_id)
+        cache.pending_seen[sink_id] = dict(pending)
+        if before is None:
+            return
+        seen = cache.aborted.setdefault(sink_id, collections.deque(maxlen=50))
+        for batch_id, stamp in sorted(before.items()):
+            if batch_id in done:
+                continue
+            how = ("journal entry removed: checkpoint never completed" if batch_id not in pending
+                   else "journaled again: re-run after an abort" if pending[batch_id] > stamp else None)
+            if how is not None:
+                seen.append(AbortedBatch(batch_id, now, how))
+                cache.aborted_total[sink_id] = cache.aborted_total.get(sink_id, 0) + 1
 
     def _partitions(self, cache: _CheckpointCache, last_planned: int | None, last_completed: int | None,
                     end: PartitionOffsets | None) -> tuple[PartitionLag, ...]:

@@ -125,17 +125,24 @@ function queryCard(query, snapshot) {
       el("td", {}, fmt(sink.committed)), el("td", {}, fmt(sink.last_committed)),
       el("td", {}, fmt(sink.commit_lag_batches)), el("td", {}, age(sink.commit_latency_s)),
       el("td", {}, sink.pending.map(p => "batch " + p.batch_id + " (" + age(p.age_s) + (p.completed ? ", complete" : "") + ")").join(", ") || "none"),
-      el("td", {}, age(oldest))));
+      el("td", {}, age(oldest)), el("td", {}, fmt(sink.aborted_total))));
     for (const target of sink.targets) {
       sinkRows.push(el("tr", {class: "muted"}, el("td", {}, "  → " + target.sink_id), el("td", {}, target.protocol),
         el("td", {}, ""), el("td", {}, target.committed_committables
           ? fmt(target.committed_committables) + " committables, " + fmt(target.committed_rows) + " rows"
           : "committed by its tasks"),
-        el("td", {}), el("td", {}), el("td", {}), el("td", {}), el("td", {})));
+        el("td", {}), el("td", {}), el("td", {}), el("td", {}), el("td", {}), el("td", {})));
     }
   }
   card.append(table(["sink", "protocol", "journaled", "committed", "last committed", "commit lag (batches)",
-                     "checkpoint → committed", "not yet committed", "oldest"], sinkRows));
+                     "checkpoint → committed", "not yet committed", "oldest", "aborted (seen)"], sinkRows));
+  const aborts = query.sinks.flatMap(sink => sink.aborted.map(a => ({sink: sink.sink_id, ...a})));
+  if (aborts.length) {
+    card.append(el("h3", {}, "recoveries seen: batches aborted or re-run"));
+    card.append(table(["at", "sink", "batch", "what"], aborts.map(a => el("tr", {},
+      el("td", {}, new Date(a.seen_at * 1000).toLocaleTimeString()), el("td", {}, a.sink), el("td", {}, a.batch_id),
+      el("td", {}, a.how)))));
+  }
 
   card.append(el("h3", {}, "Kafka source partitions"));
   card.append(table(["topic", "partition", "end offset", "stable offset", "planned", "completed", "lag"],

@@ -270,3 +270,17 @@ def test_status_protocols_of_fan_out_name_every_target() -> None:
     sink = fan_out({"t": postgres_sink(f"postgresql://u:{SECRET}@h/db", "tbl", "two-phase-commit"),
                     "k": kafka_sink("h:9092", "out", "transactional")})
     assert protocols_of(sink) == {sink.sink_id: "fan-out", "pg-tbl": "two-phase-commit", "kafka-out": "transactional"}
+
+
+def test_status_aborted_batches_seen_between_refreshes(checkpoint: Path) -> None:
+    found = collector(checkpoint)
+    found.collect()
+    journal = Journal(str(checkpoint), FANOUT)
+    journal.delete(4)  # recovery: batch 4's checkpoint never completed
+    journal.mark_done(3)  # batch 3 committed: not an abort
+    after = found.collect()
+    assert value(after, "oncekit_aborted_batches_total", query="pipeline", sink=FANOUT) == 1
+    assert [(a.batch_id, a.how) for a in after.queries[0].sinks[0].aborted] == [
+        (4, "journal entry removed: checkpoint never completed")]
+    journal.write(4, [])  # the re-run journals it again: no new abort
+    assert value(found.collect(), "oncekit_aborted_batches_total", query="pipeline", sink=FANOUT) == 1
