@@ -83,7 +83,7 @@ class _Tool:
         java = shutil.which("java")
         if java is None:
             raise ServiceError("kafka: no Java on the PATH to run Kafka's TransactionsCommand; install a JRE 17")
-        self.command = [java, "-Xmx128m", "-XX:TieredStopAtLevel=1", "-cp", f"{tools_libs()}/*", _TOOL,
+        self.command = [java, "-Xmx128m", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-cp", f"{tools_libs()}/*", _TOOL,
                         "--bootstrap-server", bootstrap_servers]
         self.client, self.timeout_s = client, timeout_s
         self.bootstrap_servers = bootstrap_servers

@@ -1,6 +1,5 @@
 """The status page in a real browser: Debian's chromium, driven by Playwright, opens the page of
-a running pipeline (the fan-out example: PostgreSQL two-phase commit and Kafka transactional, one
-checkpoint) on the real services, sees the completed batch count rise, sees a prepared
+a running pipeline (the PostgreSQL two-phase-commit example) on the real services, sees the completed batch count rise, sees a prepared
 transaction and a Kafka transaction left open on purpose shown in red with their age, checks
 /metrics against the checkpoint and the server, and saves a screenshot under .oncekit/."""
 
@@ -38,6 +37,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
 SCREENSHOT = Path(__file__).resolve().parents[2] / ".oncekit" / "status-page.png"
 TIMEOUT_S = 3.0  # the page's transaction timeout: the leftovers turn red after it
 PER_BATCH = 200
+EXAMPLE = "postgres-two-phase-commit"  # the lightest example with prepared transactions of its own
 
 
 def _metric(text: str, name: str, **labels: str) -> float | None:
@@ -48,9 +48,14 @@ def _metric(text: str, name: str, **labels: str) -> float | None:
     return None
 
 
+def _abort(producer: Producer) -> None:
+    with contextlib.suppress(KafkaException):  # already aborted if the broker's timeout passed
+        producer.abort_transaction(30)
+
+
 def test_status_page_in_chromium_shows_progress_and_red_leftovers(
     spark: Any, kafka: KafkaConfig, postgres_dsn: str, topic: str, unique_name: str, tmp_path: Path,
-    request: pytest.FixtureRequest,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     from playwright.sync_api import expect, sync_playwright
 
@@ -59,45 +64,59 @@ def test_status_page_in_chromium_shows_progress_and_red_leftovers(
     with psycopg.connect(postgres_dsn, autocommit=True) as conn:
         conn.execute(f"CREATE TABLE {unique_name} (id int NOT NULL, payload text NOT NULL)")
         conn.execute(f"CREATE TABLE {unique_name}_held (id int)")
-    create_topic(kafka, unique_name, partitions=2)  # the example writes its records to a topic named like its table
-    sink = example_sink("fan-out-postgres-kafka", kafka, postgres_dsn, unique_name)
+    create_topic(kafka, unique_name, partitions=2)  # where the transaction below is left open
+    sink = example_sink(EXAMPLE, kafka, postgres_dsn, unique_name)
     checkpoint = str(tmp_path / "checkpoint")
-    query = start_query(example_frame("fan-out-postgres-kafka", spark, kafka, topic, PER_BATCH), sink, checkpoint,
+    query = start_query(example_frame(EXAMPLE, spark, kafka, topic, PER_BATCH), sink, checkpoint,
                         trigger={"processingTime": "500 milliseconds"})
+    with contextlib.ExitStack() as cleanup:
+        cleanup.callback(query.stop)
+        # Left on purpose: a prepared transaction under a kit-format id of a sink no running query
+        # owns (the query's recovery would abort one of its own), holding a lock on a table; and a
+        # Kafka transaction left open on the topic made above.
+        gid = str(TransactionId(f"pg-{unique_name}-left", 7, 0, 1))
+        holder = psycopg.connect(postgres_dsn, autocommit=True)
+        cleanup.callback(holder.close)
+        holder.execute("BEGIN")
+        holder.execute(f"INSERT INTO {unique_name}_held VALUES (1)")
+        holder.execute(f"PREPARE TRANSACTION '{gid}'")
+        cleanup.callback(holder.execute, f"ROLLBACK PREPARED '{gid}'")
+        hanging = Producer({"bootstrap.servers": kafka.bootstrap_servers,
+                            "transactional.id": f"left-open-{uuid.uuid4().hex[:8]}", "transaction.timeout.ms": 300_000})
+        hanging.init_transactions(30)
+        hanging.begin_transaction()
+        cleanup.callback(_abort, hanging)
+        hanging.produce(unique_name, b"never committed", partition=0)
+        hanging.flush(10)
 
-    # Left on purpose: a prepared transaction under a kit-format id of a sink no running query
-    # owns (the query's recovery would abort one of its own), holding a lock on a table; and a
-    # Kafka transaction left open on the output topic.
-    gid = str(TransactionId(f"pg-{unique_name}-left", 7, 0, 1))
-    holder = psycopg.connect(postgres_dsn, autocommit=True)
-    holder.execute("BEGIN")
-    holder.execute(f"INSERT INTO {unique_name}_held VALUES (1)")
-    holder.execute(f"PREPARE TRANSACTION '{gid}'")
-    hanging = Producer({"bootstrap.servers": kafka.bootstrap_servers, "transactional.id": f"left-open-{uuid.uuid4().hex[:8]}",
-                        "transaction.timeout.ms": 300_000})
-    hanging.init_transactions(30)
-    hanging.begin_transaction()
-    hanging.produce(unique_name, b"never committed", partition=0)
-    hanging.flush(10)
-
-    collector = StatusCollector([Watched("fanout", checkpoint, protocols_of(sink))], Thresholds(transaction_timeout_s=TIMEOUT_S),
-                                **collector_sources(kafka.bootstrap_servers, postgres_dsn))
-    server = StatusServer(StatusService(collector, refresh_s=1.0, kafka_transactions_every_s=3.0), port=0).start()
-    try:
+        collector = StatusCollector([Watched("pipeline", checkpoint, protocols_of(sink))],
+                                    Thresholds(transaction_timeout_s=TIMEOUT_S),
+                                    **collector_sources(kafka.bootstrap_servers, postgres_dsn))
+        server = StatusServer(StatusService(collector, refresh_s=1.0, kafka_transactions_every_s=5.0), port=0).start()
+        cleanup.callback(server.stop)
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
             page = browser.new_page(viewport={"width": 1280, "height": 1500})
             page.goto(server.url)
             completed = page.locator("[data-testid=completed-batches] b")
-            expect(completed).to_have_text(re.compile(r"^[1-9]\d*$"), timeout=90_000)
-            first = int(completed.inner_text())
+
+            def shown_above(count: int, timeout_s: float) -> int:
+                """The page's completed batch count once it exceeds ``count``; fails at once with the
+                query's own error if the query dies meanwhile."""
+                deadline = time.monotonic() + timeout_s
+                while time.monotonic() < deadline:
+                    if not query.isActive:
+                        raise AssertionError(f"the pipeline stopped: {query.exception()}")
+                    text = completed.inner_text()
+                    if text.isdigit() and int(text) > count:
+                        return int(text)
+                    page.wait_for_timeout(250)
+                raise AssertionError(f"the page still shows {completed.inner_text()} completed batches after {timeout_s} s")
+
+            first = shown_above(0, 120)
             print(f"status page: {first} batches completed after {time.monotonic() - started:.0f} s", flush=True)
             produce_input(kafka, topic, 2 * PER_BATCH, first=2 * PER_BATCH)
-            page.wait_for_function(
-                "n => Number(document.querySelector('[data-testid=completed-batches] b').textContent) > n", arg=first,
-                timeout=60_000)
-            assert int(completed.inner_text()) > first
-
+            shown_above(first, 60)
             print(f"status page: the count rose after {time.monotonic() - started:.0f} s", flush=True)
             row = page.locator(f'tr.prepared[data-gid="{gid}"]')
             expect(row).to_have_class(re.compile(r"\bred\b"), timeout=30_000)
@@ -114,12 +133,12 @@ def test_status_page_in_chromium_shows_progress_and_red_leftovers(
                 completed_in_log = SparkLog(checkpoint).latest_completed()
                 with urlopen(server.url + "metrics", timeout=10) as response:
                     text = response.read().decode()
-                if _metric(text, "oncekit_last_completed_batch", query="fanout") == completed_in_log \
+                if _metric(text, "oncekit_last_completed_batch", query="pipeline") == completed_in_log \
                         or time.monotonic() > deadline:
                     break
                 time.sleep(0.5)
-            assert _metric(text, "oncekit_last_completed_batch", query="fanout") == completed_in_log
-            assert _metric(text, "oncekit_completed_batches", query="fanout") == len(SparkLog(checkpoint).completed())
+            assert _metric(text, "oncekit_last_completed_batch", query="pipeline") == completed_in_log
+            assert _metric(text, "oncekit_completed_batches", query="pipeline") == len(SparkLog(checkpoint).completed())
             assert _metric(text, "oncekit_prepared_transactions", sink=f"pg-{unique_name}-left") == 1
             assert (_metric(text, "oncekit_open_kafka_transactions") or 0) >= 1
             assert _metric(text, "oncekit_exactly_once_at_risk") == 1
@@ -128,16 +147,5 @@ def test_status_page_in_chromium_shows_progress_and_red_leftovers(
             SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(SCREENSHOT), full_page=True)
             browser.close()
-        reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-        line = f"status page screenshot: {SCREENSHOT} (test took {time.monotonic() - started:.0f} s)"
-        if reporter is not None:
-            reporter.write_line(line)
-        else:
-            print(line)
-    finally:
-        server.stop()
-        query.stop()
-        with contextlib.suppress(KafkaException):  # already aborted if the broker's timeout passed
-            hanging.abort_transaction(30)
-        holder.execute(f"ROLLBACK PREPARED '{gid}'")
-        holder.close()
+        with capsys.disabled():  # on the terminal, also without -s
+            print(f"\nstatus page screenshot: {SCREENSHOT} (test took {time.monotonic() - started:.0f} s)")
