@@ -59,6 +59,8 @@ logger = logging.getLogger(__name__)
 
 QUERIES = ("pipeline",)
 TARGETS = ("dead_letters", "balances", "balance_updates", "minute_totals", "late_events")
+FIELDS = "event_id string, account_id string, amount_cents string, event_time string"
+"""A payment's JSON fields as the pipeline parses them (as text, then cast)."""
 
 
 @dataclass(frozen=True)
@@ -141,7 +143,10 @@ class ReferencePipeline:
         raw = kafka_stream(spark, self.bootstrap, self.config.topics.payments,
                            max_offsets_per_trigger=self.config.pipeline.max_offsets_per_trigger)
         text = F.col("value").cast("string")
-        fields = F.from_json(text, "map<string,string>")
+        # The four fields as text (a JSON number as its digits), and text that is not a JSON
+        # object in the corrupt-record column (or the whole struct NULL): a struct is parsed
+        # without building a map per record, with the same field values a map<string,string> gives.
+        fields = F.from_json(text, f"{FIELDS}, _corrupt string", {"columnNameOfCorruptRecord": "_corrupt"})
         event_time = F.expr("try_cast(fields['event_time'] AS timestamp)")
         checks = [
             (F.col("fields")["event_id"].isNull(), "event_id missing"),
@@ -153,7 +158,7 @@ class ReferencePipeline:
         return (raw.select(F.col("partition").alias("kafka_partition"), F.col("offset").alias("kafka_offset"),
                            F.col("timestamp").alias("kafka_ts"), text.alias("raw"), fields.alias("fields"))
                 .select("kafka_partition", "kafka_offset", "kafka_ts", "raw", "fields",
-                        F.when(F.col("fields").isNull(), F.lit("not a JSON object"))
+                        F.when(F.col("fields").isNull() | F.col("fields._corrupt").isNotNull(), F.lit("not a JSON object"))
                          .when(problems != "", problems).alias("reason"))
                 .select("kafka_partition", "kafka_offset", "kafka_ts", "raw", "reason",
                         F.col("fields")["event_id"].alias("event_id"),
@@ -215,7 +220,7 @@ class ReferencePipeline:
             "event_id", "amount_cents", F.timestamp_millis("event_ms").alias("event_time"),
             F.timestamp_millis("watermark_ms").alias("watermark"),
             F.col("account_id").cast("string").alias("key"),
-            F.to_json(F.struct("account_id", "balance_cents", "events")).alias("value"),
+            F.when(kind == "balance", F.to_json(F.struct("account_id", "balance_cents", "events"))).alias("value"),
             "kafka_partition", "kafka_offset", "raw", "reason")
 
     def sink(self) -> FanOutConfig:
