@@ -10,7 +10,7 @@ and ``oncekit doctor`` through :func:`load_with_services`. The file has five tab
     [tables]      balances, minute_totals, late_events, dead_letters
     [guarantees]  balances, minute_totals, balance_updates (the sink protocols)
     [pipeline]    checkpoint, max_offsets_per_trigger, dedup_ttl_s, allowed_lateness_s, trigger_s, buckets
-    [restart]     a restart strategy: type = "fixed-delay", attempts = 3, delay_s = 5 ...
+    [restart]     a restart strategy: type = "fixed-delay", attempts = 3, delay_s = 1 ...
 
 Overrides are dotted keys (``{"pipeline.checkpoint": "/tmp/cp"}``). Unknown keys are refused, so
 a typo never silently falls back to a default. The DSN's password never reaches ``repr``.
@@ -102,7 +102,7 @@ class PipelineConfig:
     tables: TablesConfig = TablesConfig()
     guarantees: GuaranteesConfig = GuaranteesConfig()
     pipeline: RunConfig = RunConfig()
-    restart: Mapping[str, Any] = field(default_factory=lambda: {"type": "fixed-delay", "attempts": 3, "delay_s": 5})
+    restart: Mapping[str, Any] = field(default_factory=lambda: {"type": "fixed-delay", "attempts": 3, "delay_s": 1})
 
     def __post_init__(self) -> None:
         if self.guarantees.balances != "two-phase-commit":

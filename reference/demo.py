@@ -32,7 +32,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Any
 
 from oncekit.connectors.kafka import KafkaConfig
 from oncekit.connectors.services import start_services
@@ -108,13 +108,55 @@ def expected(workload: Workload | list[Workload], allowed_lateness_s: int) -> Ex
 
 
 @dataclass
+class Timeline:
+    """Where the demo's run time went, from the queries' progress: wall-clock times (seconds
+    since the epoch) of the run's start and end and of each failure, and per attempt (start of
+    the pipeline, then each restart) the progress of its batches that read input."""
+
+    started: float
+    ended: float = 0.0
+    failures: list[float] = field(default_factory=list)
+    attempts: list[list[dict[str, Any]]] = field(default_factory=list)
+
+    def phases(self) -> list[tuple[str, float, int]]:
+        """(phase, seconds, records): start-up (run start to the first batch), the first batch,
+        the steady state (every later batch of every attempt), each restart (failure to the
+        restarted attempt's first batch, restart delay and recovery included), and the rest
+        (the batch that crashed, waits between batches, stopping)."""
+
+        def start(progress: dict[str, Any]) -> float:
+            return datetime.fromisoformat(progress["timestamp"].replace("Z", "+00:00")).timestamp()
+
+        def seconds(progress: dict[str, Any]) -> float:
+            return int(progress["durationMs"]["triggerExecution"]) / 1000
+
+        batches = [p for attempt in self.attempts for p in attempt]
+        if not batches:
+            return [("other", self.ended - self.started, 0)]
+        first = batches[0]
+        out = [("start-up", start(first) - self.started, 0), ("first batch", seconds(first), int(first["numInputRows"])),
+               ("steady state", sum(seconds(p) for p in batches[1:]), sum(int(p["numInputRows"]) for p in batches[1:]))]
+        for failure in self.failures:
+            after = [start(attempt[0]) for attempt in self.attempts if attempt and start(attempt[0]) > failure]
+            out.append(("restart", (min(after) if after else self.ended) - failure, 0))
+        out.append(("other", self.ended - self.started - sum(s for _, s, _ in out), 0))
+        return out
+
+    def text(self) -> str:
+        return ", ".join(f"{name} {s:.1f} s" + (f" ({n:,} records, {n / s:,.0f}/s)" if n and s > 0 else "")
+                         for name, s, n in self.phases())
+
+
+@dataclass
 class Report:
-    """The demo's verdict: one line per invariant, each OK or FAILED."""
+    """The demo's verdict: one line per invariant, each OK or FAILED, and the throughput with
+    its :class:`Timeline` when one was kept."""
 
     lines: list[tuple[str, str, bool]]
     restarts: int
     seconds: float
     produced: int
+    timeline: Timeline | None = None
 
     @property
     def ok(self) -> bool:
@@ -128,9 +170,10 @@ class Report:
         width = max(len(name) for name, _, _ in self.lines)
         rows = [f"  {name:<{width}}  {detail}  {'OK' if ok else 'FAILED'}" for name, detail, ok in self.lines]
         verdict = "exactly-once: OK" if self.ok else "exactly-once: FAILED"
+        where = [f"  {'':<{width}}  {self.timeline.text()}"] if self.timeline is not None else []
         return "\n".join(["report", *rows,
                           f"  {'throughput':<{width}}  {self.events_per_s:,.0f} events/s ({self.produced:,} records in "
-                          f"{self.seconds:.1f} s, restarts and recovery included)", verdict])
+                          f"{self.seconds:.1f} s, restarts and recovery included)", *where, verdict])
 
 
 def check(want: Expected, got: Observed, restarts: int, seconds: float, crashed: bool = True) -> Report:
@@ -255,16 +298,34 @@ def _run(pipeline: ReferencePipeline, config: PipelineConfig, workload: Workload
         if on_restart is not None:
             on_restart(attempt, error)
 
+    progress = _Progress(pipeline, out, sent)
+    attempts: list[list[OncekitQuery]] = []
+
+    def tick(queries: list[OncekitQuery]) -> None:
+        if not attempts or attempts[-1] is not queries:  # the pipeline started or restarted
+            attempts.append(queries)
+        progress(queries)
+
+    timeline = Timeline(time.time())
+
+    def failed(attempt: int, error: BaseException) -> None:
+        timeline.failures.append(time.time())
+        restarted(attempt, error)
+
     started = time.monotonic()
-    restarts = pipeline.run_supervised(spark, tick=_Progress(pipeline, out, sent), on_restart=restarted)
+    restarts = pipeline.run_supervised(spark, tick=tick, on_restart=failed)
     seconds = time.monotonic() - started
+    timeline.ended = time.time()
+    timeline.attempts = [[p for q in queries for p in q.recentProgress if int(p["numInputRows"])] for queries in attempts]
     state = pipeline.progress()
     print(f"  done: batches committed {state['checkpoints']}, records {state['records']:,}, "
           f"prepared txns {state['prepared']}", file=out, flush=True)
-    return check(want, observe(config), restarts, seconds, crash)
+    report = check(want, observe(config), restarts, seconds, crash)
+    report.timeline = timeline
+    return report
 
 
-def main(backend: str | None = None, records: int = 20_000, config_path: str | None = None, seed: int = 7,
+def main(backend: str | None = None, records: int = 200_000, config_path: str | None = None, seed: int = 7,
          crash: bool = True, ui_port: int | None = None) -> int:
     """``oncekit demo``: returns 0 when every line of the report is OK."""
     # About four batches per query, so that the crash at batch 1 falls mid-run.

@@ -14,7 +14,7 @@ from oncekit.core.restart import ExponentialBackoff, FixedDelay
 def test_pipeline_config_defaults_come_from_the_packaged_file() -> None:
     loaded = config.load()
     assert loaded.topics.payments == "payments" and loaded.guarantees.balances == "two-phase-commit"
-    assert loaded.restart_strategy() == FixedDelay(attempts=3, delay_s=5)
+    assert loaded.restart_strategy() == FixedDelay(attempts=3, delay_s=1)
 
 
 def test_pipeline_config_file_then_flags_override(tmp_path: Path) -> None:
