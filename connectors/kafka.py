@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +25,33 @@ KAFKA_VERSION = "4.2.1"
 """The Kafka release oncekit tests against; docker/kafka/pom.xml pins the same."""
 
 CLUSTER_ID = "5L6g3nShT-eMCtK--X86sw"
+
+
+class _DemoteToDebug(logging.Filter):
+    """Sends the librdkafka lines that ``demote`` picks to DEBUG, on the same logger."""
+
+    def __init__(self, log: logging.Logger, demote: Callable[[str], bool]) -> None:
+        super().__init__()
+        self.log, self.demote = log, demote
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno > logging.DEBUG and self.demote(record.getMessage()):
+            self.log.debug("%s", record.getMessage())
+            return False
+        return True
+
+
+def client_log(name: str, demote: Callable[[str], bool] = lambda message: True) -> logging.Logger:
+    """A logger for confluent-kafka clients (their ``logger`` setting), so that librdkafka's lines
+    go through Python logging instead of stderr; the lines ``demote`` picks (default: all) go to
+    DEBUG, for callers that report the failure themselves from the call's error."""
+    log = logging.getLogger(name)
+    if not any(isinstance(f, _DemoteToDebug) for f in log.filters):
+        log.addFilter(_DemoteToDebug(log, demote))
+    return log
+
+
+_PROBE_LOG = client_log(__name__ + ".probe")  # a broker still starting refuses connections: expected
 
 
 @dataclass(frozen=True)
@@ -89,10 +116,10 @@ def check_broker(bootstrap_servers: str, client: Mapping[str, Any] | None = None
     """
     config = KafkaConfig(bootstrap_servers, dict(client or {}))
     try:
-        metadata = AdminClient(config.settings()).list_topics(timeout=5)
+        metadata = AdminClient(config.settings(logger=_PROBE_LOG)).list_topics(timeout=5)
         if not metadata.brokers:
             raise ServiceError(f"kafka at {bootstrap_servers}: no broker in the metadata")
-        producer = Producer(config.settings(transactional_id=f"oncekit-probe-{uuid.uuid4()}"))
+        producer = Producer(config.settings(transactional_id=f"oncekit-probe-{uuid.uuid4()}", logger=_PROBE_LOG))
         producer.init_transactions(10)
     except KafkaException as exc:
         raise ServiceError(f"kafka at {bootstrap_servers}: {exc.args[0]}") from exc

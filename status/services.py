@@ -6,14 +6,13 @@ restarted service is simply asked again at the next refresh. Errors never carry 
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
-from oncekit.connectors.kafka import KafkaConfig
+from oncekit.connectors.kafka import KafkaConfig, client_log
 from oncekit.connectors.postgres import PreparedTransaction, connect, prepared_transaction_details
 from oncekit.connectors.redact import redact_dsn
 from oncekit.core.errors import ServiceError
@@ -21,19 +20,9 @@ from oncekit.status.kafka_transactions import KafkaTransaction, open_transaction
 from oncekit.status.model import EndOffsets, KafkaTransactionReader, PartitionOffsets, PreparedReader
 
 
-class _Demoted(logging.Filter):
-    """librdkafka's own lines (a broker restarting: "Connect ... failed") go to DEBUG: the page
-    shows what failed from the call's error, once per refresh."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno > logging.DEBUG:
-            _CLIENT_LOG.debug("%s", record.getMessage())
-            return False
-        return True
-
-
-_CLIENT_LOG = logging.getLogger(__name__ + ".librdkafka")
-_CLIENT_LOG.addFilter(_Demoted())
+# librdkafka's own lines (a broker restarting: "Connect ... failed") go to DEBUG: the page shows
+# what failed from the call's error, once per refresh.
+_CLIENT_LOG = client_log(__name__ + ".librdkafka")
 
 
 def end_offsets(config: KafkaConfig, timeout_s: float = 10.0) -> EndOffsets:
