@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from oncekit.connectors.kafka import broker_settings, create_topic
+from oncekit.connectors.kafka import broker_settings, client_log, create_topic
 from oncekit.core.errors import ConfigError, OncekitError, RecordError
 from oncekit.core.names import KafkaTransactionalId, MarkerGroup
 
@@ -46,20 +46,10 @@ DEFAULT_TRANSACTION_TIMEOUT_MS = 60_000  # the broker's transaction.max.timeout.
 ClientT = TypeVar("ClientT", Producer, Consumer)
 
 
-class _ExpectedFencing(logging.Filter):
-    """librdkafka logs a producer fenced by a newer instance as fatal. For a pooled producer
-    that is expected (another worker's producer of the same transactional id took over, and the
-    task starts over with a fresh one), so those lines go to DEBUG; everything else stays."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno > logging.DEBUG and "fenced" in record.getMessage().lower():
-            _CLIENT_LOG.debug("%s", record.getMessage())
-            return False
-        return True
-
-
-_CLIENT_LOG = logging.getLogger(__name__ + ".librdkafka")
-_CLIENT_LOG.addFilter(_ExpectedFencing())
+# librdkafka logs a producer fenced by a newer instance as fatal. For a pooled producer that is
+# expected (another worker's producer of the same transactional id took over, and the task starts
+# over with a fresh one), so those lines go to DEBUG; everything else stays.
+_CLIENT_LOG = client_log(__name__ + ".librdkafka", demote=lambda message: "fenced" in message.lower())
 
 
 class _ClientPool:
@@ -290,26 +280,31 @@ class KafkaSinkBase:
 
     def commit_with_fencing(self, transactional_id: KafkaTransactionalId, where: str,
                             attempt: Callable[[Producer], int]) -> int:
-        """Run ``attempt`` (read the marker, publish) with a new transactional producer, whose
-        ``init_transactions`` fences every earlier producer of the id (a zombie attempt) and
-        aborts what it left open; if a newer producer fences this one meanwhile, run it once more
-        with another. Kafka errors are raised naming sink, batch, partition and transaction.
-
-        Transactional producers are not pooled across tasks: a pooled producer stalled a
-        20-fault campaign after a broker restart (a task of one partition never finished), and
-        until that is understood every task starts from a fresh, initialised producer."""
-        producer = self.take_producer(transactional_id, fresh=True)
+        """Run ``attempt`` (read the marker, publish) with this worker's transactional producer
+        of the id, kept across tasks and batches (a new one costs ``init_transactions``, one or
+        more round trips to the coordinator per task). Zombies stay fenced: of all producers of
+        an id only the one initialised last can write; if that is not this one (another
+        worker's attempt of the partition initialised since), its first transactional call
+        fails fatally and ``attempt`` runs once more with a fresh producer, whose
+        ``init_transactions`` fences the other and aborts what it left open. The marker read
+        inside ``attempt`` makes the rerun write nothing if the other attempt committed.
+        A producer that failed in any way is dropped, never given back. Kafka errors are raised
+        naming sink, batch, partition and transaction."""
+        producer = self.take_producer(transactional_id)
         try:
             try:
-                return attempt(producer)
+                result = attempt(producer)
             except KafkaException as exc:
                 if not exc.args[0].fatal():
                     raise
                 logger.info("%s txn %s: producer fenced (%s); starting over with a new one",
                             where, transactional_id, exc.args[0].str())
-                return attempt(self.take_producer(transactional_id, fresh=True))
+                producer = self.take_producer(transactional_id, fresh=True)
+                result = attempt(producer)
         except KafkaException as exc:
             raise OncekitError(f"{where}: transaction {transactional_id} failed: {exc.args[0].str()}") from exc
+        self.give_producer(transactional_id, producer)
+        return result
 
 
 def _commit_transaction(producer: Producer) -> None:
