@@ -8,10 +8,12 @@ local-process backend writes them to a properties file.
 from __future__ import annotations
 
 import logging
+import threading
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic  # type: ignore[attr-defined]
@@ -50,6 +52,54 @@ def client_log(name: str, demote: Callable[[str], bool] = lambda message: True) 
         log.addFilter(_DemoteToDebug(log, demote))
     return log
 
+
+ClientT = TypeVar("ClientT", Producer, Consumer)
+
+
+class ClientPool:
+    """The Kafka clients of this Python process, kept across tasks and batches: Spark reuses its
+    Python workers, and a new client pays for its connections, metadata and (a transactional
+    producer) ``init_transactions`` before its first call. A user takes a client for its
+    exclusive use and gives it back when it succeeded; a client that failed is closed, never
+    given back, so a broken connection or a fenced producer is not reused. Two users at once get
+    two clients. Keys name what makes clients interchangeable (settings, transactional id)."""
+
+    def __init__(self) -> None:
+        self._idle: dict[tuple[Any, ...], Any] = {}
+        self._lock = threading.Lock()
+
+    def take(self, key: tuple[Any, ...], make: Callable[[], ClientT]) -> ClientT:
+        with self._lock:
+            found = self._idle.pop(key, None)
+        return found if found is not None else make()
+
+    def give(self, key: tuple[Any, ...], client: Any) -> None:
+        with self._lock:
+            if key not in self._idle:
+                self._idle[key] = client
+                return
+        _close(client)  # another user gave one back first; one idle client per key is enough
+
+    @contextmanager
+    def borrowed(self, key: tuple[Any, ...], make: Callable[[], ClientT]) -> Iterator[ClientT]:
+        """A client of ``key`` for the ``with`` block: given back if the block ends normally,
+        closed if it raises (a generator closed early counts as raising)."""
+        client = self.take(key, make)
+        try:
+            yield client
+        except BaseException:
+            _close(client)
+            raise
+        self.give(key, client)
+
+
+def _close(client: Any) -> None:
+    if isinstance(client, Consumer):
+        client.close()  # a producer is destroyed when dropped (it holds nothing once flushed or failed)
+
+
+CLIENTS = ClientPool()
+"""The process's pool; the source's readers and planner and the Kafka sinks take from it."""
 
 _PROBE_LOG = client_log(__name__ + ".probe")  # a broker still starting refuses connections: expected
 

@@ -14,9 +14,9 @@ import bisect
 import json
 import logging
 import re
-import threading
 import time
 from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
+from oncekit.connectors.kafka import CLIENTS
 from oncekit.connectors.redact import redact_config
 from oncekit.core.errors import ConfigError, DataLossError, OncekitError, SourceReadError
 
@@ -119,31 +120,18 @@ class KafkaSourceOptions:
         settings.update(extra)
         return Consumer(settings)
 
-    def shared_consumer(self) -> Consumer:
-        """The consumer of this Python process for these client settings, made on first use.
+    @property
+    def pool_key(self) -> tuple[str, ...]:
+        """What makes this source's consumers interchangeable in the process's pool
+        (:data:`~oncekit.connectors.kafka.CLIENTS`): the client settings."""
+        return ("source", *(f"{key}={value}" for key, value in sorted(self.client.items())))
 
-        Spark reuses its Python workers across tasks and batches, and the driver-side reader lives
-        as long as the query: one consumer each keeps its broker connections and metadata instead
-        of paying for them per task (a new consumer needs several round trips before its first
-        fetch). Callers assign, read and unassign; a consumer that failed is dropped with
-        :meth:`drop_shared_consumer`.
-        """
-        key = tuple(sorted(self.client.items()))
-        with _shared_lock:
-            found = _shared_consumers.get(key)
-            if found is None:
-                found = _shared_consumers[key] = self.consumer()
-            return found
-
-    def drop_shared_consumer(self) -> None:
-        with _shared_lock:
-            found = _shared_consumers.pop(tuple(sorted(self.client.items())), None)
-        if found is not None:
-            found.close()
-
-
-_shared_consumers: dict[tuple[tuple[str, str], ...], Consumer] = {}
-_shared_lock = threading.Lock()
+    def borrowed_consumer(self) -> AbstractContextManager[Consumer]:
+        """A consumer of this process's pool for a ``with`` block: Spark reuses its Python workers
+        across tasks and batches, and the driver-side reader lives as long as the query, so a
+        consumer keeps its broker connections and metadata instead of paying for them per task.
+        Closed, not given back, if the block raises."""
+        return CLIENTS.borrowed(self.pool_key, self.consumer)
 
 
 def _resolve(spec: str, watermarks: Mapping[tuple[str, int], tuple[int, int]], which: str) -> Offsets:
@@ -182,13 +170,11 @@ class KafkaPartitionReader:
     def read(self, topic: str, partition: int, start: int, end: int) -> Iterator[pa.RecordBatch]:
         if start >= end:
             return
-        # A consumer per task, as before the broker-restart stall seen with long-lived ones in
-        # the fault campaign is understood; the driver's planning keeps its shared consumer.
-        consumer = self.options.consumer()
-        try:
-            yield from self._read(consumer, topic, partition, start, end)
-        finally:
-            consumer.close()
+        with self.options.borrowed_consumer() as consumer:
+            try:
+                yield from self._read(consumer, topic, partition, start, end)
+            finally:
+                consumer.unassign()  # the next task assigns afresh; position() is -1001 until it fetches
 
     def _read(self, consumer: Consumer, topic: str, partition: int, start: int, end: int) -> Iterator[pa.RecordBatch]:
         low = _low_watermark(consumer, topic, partition)
@@ -265,9 +251,8 @@ def _low_watermark(consumer: Consumer, topic: str, partition: int) -> int:
 def watermarks(options: KafkaSourceOptions) -> dict[tuple[str, int], tuple[int, int]]:
     """(low, high) per partition of the subscribed topics; with read_committed, high is the last
     stable offset, so open transactions are never planned into a batch. Called by the driver-side
-    reader at every trigger, on the process's shared consumer."""
-    consumer = options.shared_consumer()
-    try:
+    reader at every trigger, on a consumer of the process's pool."""
+    with options.borrowed_consumer() as consumer:
         metadata = consumer.list_topics(timeout=30)
         out = {}
         topics = options.topics
@@ -281,9 +266,6 @@ def watermarks(options: KafkaSourceOptions) -> dict[tuple[str, int], tuple[int, 
             for partition in sorted(described.partitions):
                 out[(topic, partition)] = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
         return out
-    except KafkaException:
-        options.drop_shared_consumer()
-        raise
 
 
 def kafka_stream(
@@ -315,8 +297,8 @@ def offsets_for_timestamp(options: KafkaSourceOptions, marks: Mapping[tuple[str,
                           timestamp_ms: int) -> Offsets:
     """Per partition, the first offset whose record timestamp is at or after ``timestamp_ms``
     (the partition's end when there is none)."""
-    consumer = options.shared_consumer()
-    found = consumer.offsets_for_times([TopicPartition(t, p, timestamp_ms) for t, p in marks], timeout=30)
+    with options.borrowed_consumer() as consumer:
+        found = consumer.offsets_for_times([TopicPartition(t, p, timestamp_ms) for t, p in marks], timeout=30)
     out: Offsets = {}
     for tp in found:
         out.setdefault(tp.topic, {})[str(tp.partition)] = tp.offset if tp.offset >= 0 else marks[(tp.topic, tp.partition)][1]

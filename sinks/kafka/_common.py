@@ -1,6 +1,7 @@
 """What the Kafka sinks' protocols share: the records of a partition or batch as Arrow arrays with
-their checksum, the process's pool of producers and marker consumers, the batch marker,
-publishing in one transaction, and the preflight.
+their checksum, producers and marker consumers from the process's pool
+(:data:`~oncekit.connectors.kafka.CLIENTS`), the batch marker, publishing in one transaction,
+and the preflight.
 
 The batch marker is a consumer group's committed offset on partition 0 of the output topic,
 written with ``send_offsets_to_transaction`` inside the transaction that publishes the batch:
@@ -20,18 +21,18 @@ import itertools
 import json
 import logging
 import operator
-import threading
 import time
 import zlib
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from oncekit.connectors.kafka import broker_settings, client_log, create_topic
+from oncekit.connectors.kafka import CLIENTS, broker_settings, client_log, create_topic
 from oncekit.core.errors import ConfigError, OncekitError, RecordError
 from oncekit.core.names import KafkaTransactionalId, MarkerGroup
 
@@ -43,40 +44,10 @@ logger = logging.getLogger(__name__)
 FORMAT = "oncekit-kafka-sink"
 DEFAULT_TRANSACTION_TIMEOUT_MS = 60_000  # the broker's transaction.max.timeout.ms must allow it
 
-ClientT = TypeVar("ClientT", Producer, Consumer)
-
-
 # librdkafka logs a producer fenced by a newer instance as fatal. For a pooled producer that is
 # expected (another worker's producer of the same transactional id took over, and the task starts
 # over with a fresh one), so those lines go to DEBUG; everything else stays.
 _CLIENT_LOG = client_log(__name__ + ".librdkafka", demote=lambda message: "fenced" in message.lower())
-
-
-class _ClientPool:
-    """Clients of this Python process, kept across tasks and batches (Spark reuses its Python
-    workers): a task takes one for its exclusive use and gives it back when it succeeded; a
-    client that failed is closed, never given back. Two users at once get two clients."""
-
-    def __init__(self) -> None:
-        self._idle: dict[tuple[Any, ...], Any] = {}
-        self._lock = threading.Lock()
-
-    def take(self, key: tuple[Any, ...], make: Callable[[], ClientT]) -> tuple[ClientT, bool]:
-        """(client, whether it is new)."""
-        with self._lock:
-            found = self._idle.pop(key, None)
-        return (found, False) if found is not None else (make(), True)
-
-    def give(self, key: tuple[Any, ...], client: Any) -> None:
-        with self._lock:
-            if key not in self._idle:
-                self._idle[key] = client
-                return
-        if isinstance(client, Consumer):  # another user gave one back first; one idle client per key is enough
-            client.close()  # (a producer, idle and flushed, is destroyed when dropped)
-
-
-_POOL = _ClientPool()
 
 
 @dataclass(frozen=True)
@@ -197,24 +168,21 @@ class KafkaSinkBase:
             producer.init_transactions(30)
             return producer
 
-        return make() if fresh else _POOL.take((*self._client_key, str(transactional_id)), make)[0]
+        return make() if fresh else CLIENTS.take((*self._client_key, str(transactional_id)), make)
 
     def give_producer(self, transactional_id: KafkaTransactionalId | None, producer: Producer) -> None:
-        _POOL.give((*self._client_key, str(transactional_id)), producer)
+        CLIENTS.give((*self._client_key, str(transactional_id)), producer)
 
-    def _marker_consumer(self, group: MarkerGroup) -> tuple[tuple[Any, ...], Consumer]:
-        key = (*self._client_key, "marker", str(group))
+    def _marker_consumer(self, group: MarkerGroup) -> AbstractContextManager[Consumer]:
         # read_committed makes the committed-offset fetch stable: it waits for pending
         # transactional commits. Assigned nothing, it never joins the group.
-        consumer, _ = _POOL.take(key, lambda: Consumer(self.config.kafka.settings(
+        return CLIENTS.borrowed((*self._client_key, "marker", str(group)), lambda: Consumer(self.config.kafka.settings(
             group_id=str(group), enable_auto_commit=False, isolation_level="read_committed")))
-        return key, consumer
 
     def marker(self, group: MarkerGroup) -> tuple[int, dict[str, Any]]:
         """The committed batch marker of ``group``: (offset, metadata); a negative offset when none."""
-        key, consumer = self._marker_consumer(group)
-        (committed,) = consumer.committed([TopicPartition(self.config.topic, 0)], timeout=30)
-        _POOL.give(key, consumer)
+        with self._marker_consumer(group) as consumer:
+            (committed,) = consumer.committed([TopicPartition(self.config.topic, 0)], timeout=30)
         metadata = json.loads(committed.metadata) if committed.metadata else {}
         return committed.offset, metadata
 
@@ -262,10 +230,10 @@ class KafkaSinkBase:
         producer.begin_transaction()
         try:
             metadata = json.dumps({"batch": batch_id, "rows": len(records), "checksum": records.checksum})
-            key, consumer = self._marker_consumer(group)
+            with self._marker_consumer(group) as consumer:
+                group_metadata = consumer.consumer_group_metadata()  # a copy: outlives the loan
             producer.send_offsets_to_transaction(
-                [TopicPartition(self.config.topic, 0, batch_id + 1, metadata)], consumer.consumer_group_metadata(), 30)
-            _POOL.give(key, consumer)
+                [TopicPartition(self.config.topic, 0, batch_id + 1, metadata)], group_metadata, 30)
             delivery_errors = self.produce(producer, records, where)
             _commit_transaction(producer)
             if delivery_errors():  # commit refuses a transaction with failed records; belt and braces
