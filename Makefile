@@ -17,11 +17,11 @@ test: install broker engine browser typecheck pytest
 
 install: $(STAMP)
 
+# The repository root is the package, so setuptools warns that a folder named like the package
+# may shadow it; that is the layout, on purpose (PYTHONWARNINGS reaches the build backend).
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# The repository root is the package, so setuptools warns that a folder named like the package
-	# may shadow it; that is the layout, on purpose (PYTHONWARNINGS reaches the build backend).
 	PYTHONWARNINGS=ignore::UserWarning $(PY) -m pip install -q -e '.[dev]'
 	touch $@
 
