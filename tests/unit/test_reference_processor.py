@@ -14,8 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-pytest.importorskip("pyspark")
-from oncekit.reference.processor import INPUT_COLUMNS, PROCESSED_SCHEMA, PaymentProcessor  # noqa: E402
+from oncekit.reference.processor import INPUT_COLUMNS, PROCESSED_SCHEMA, PaymentProcessor
 
 LATENESS_MS = 10_000
 M = 1_700_000_040_000  # a minute's start
