@@ -73,6 +73,11 @@ class Service(ABC):
         self.stop()
         self.start()
 
+    def kill(self) -> None:
+        """SIGKILL every process of the service at once, as an OOM kill or a crashed host would,
+        keeping its data: :meth:`start` brings it back through the service's crash recovery."""
+        raise ServiceError(f"{self.name}: the {self.backend} backend cannot kill the service")
+
     def disconnect(self) -> None:
         """Cut the service off from the network while it keeps running."""
         raise ServiceError(f"{self.name}: the {self.backend} backend cannot cut a service off the network")

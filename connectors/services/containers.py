@@ -94,6 +94,14 @@ class _ContainerService(Service):
         self._container().start()
         self.wait_ready()
 
+    def kill(self) -> None:
+        """SIGKILL the container's first process; the kernel then kills the rest of its PID
+        namespace. The container's file system, and so the service's data, stays."""
+        logger.info("%s: killing container %s", self.name, self.container_id[:12])
+        container = self._container()
+        container.kill(signal="SIGKILL")
+        container.wait(timeout=60)
+
     def disconnect(self) -> None:
         container = self._container()
         self._network = next(iter(container.attrs["NetworkSettings"]["Networks"]))

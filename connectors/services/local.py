@@ -82,8 +82,9 @@ def _chown_postgres(path: Path) -> None:
 class _Process:
     """A server process in its own session, so that stopping it stops its children too."""
 
-    def __init__(self, argv: list[str], log: Path, pid: int | None = None) -> None:
-        self.argv, self.log, self.pid = argv, log, pid
+    def __init__(self, argv: list[str], log: Path, pid: int | None = None,
+                 stop_signal: signal.Signals = signal.SIGTERM) -> None:
+        self.argv, self.log, self.pid, self.stop_signal = argv, log, pid, stop_signal
 
     def launch(self) -> None:
         with open(self.log, "ab") as out:
@@ -105,7 +106,7 @@ class _Process:
     def terminate(self, timeout_s: float = 30.0) -> None:
         if self.pid is None or not self.alive():
             return
-        os.killpg(self.pid, signal.SIGTERM)
+        os.killpg(self.pid, self.stop_signal)
         deadline = time.monotonic() + timeout_s
         while self.alive() and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -113,6 +114,20 @@ class _Process:
             os.killpg(self.pid, signal.SIGKILL)
             while self.alive():
                 time.sleep(0.05)
+
+    def kill(self) -> None:
+        """SIGKILL the server process first (a PostgreSQL postmaster, a broker JVM), then what it
+        leaves in its session: a postmaster's backends would exit on their own once they notice,
+        but a new server refuses to start while they still hold the old shared memory."""
+        if self.pid is None or not self.alive():
+            return
+        os.kill(self.pid, signal.SIGKILL)
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        while self.alive():
+            time.sleep(0.05)
 
     def log_tail(self, lines: int = 5) -> str:
         try:
@@ -130,6 +145,9 @@ class _LocalService:
 
     def stop(self) -> None:
         self._process.terminate()
+
+    def kill(self) -> None:
+        self._process.kill()
 
     def remove(self) -> None:
         self.stop()
@@ -199,7 +217,9 @@ class LocalPostgres(_LocalService, PostgresService):
             # fsync only matters for machine crashes; a killed server loses nothing without it.
             "-c", "fsync=off",
         ]
-        self._process = _Process(_as_postgres_user(argv), data_dir / "server.log", pid)
+        # SIGINT is PostgreSQL's fast shutdown: SIGTERM's smart shutdown would wait for every
+        # client (the sinks' pooled sessions) to disconnect first.
+        self._process = _Process(_as_postgres_user(argv), data_dir / "server.log", pid, signal.SIGINT)
 
     @classmethod
     def create(cls) -> LocalPostgres:
