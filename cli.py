@@ -19,7 +19,7 @@ from oncekit.core.errors import OncekitError
 def _services(args: argparse.Namespace) -> int:
     from oncekit.connectors import services
 
-    return services.command(args.action, args.backend, args.show_dsn)
+    return services.command(args.action, args.backend, args.show_dsn, args.brokers)
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -31,8 +31,11 @@ def _demo(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace) -> int:
     from oncekit.verify import command
 
-    return command.main(args.pipeline, args.faults, args.seed, args.guarantee, args.backend, args.duplicates,
-                        args.malformed, args.late, args.json)
+    if args.soak:
+        return command.soak(args.pipeline or "fan-out-postgres-kafka-wal", args.soak, args.seed, args.backend,
+                            args.rate, args.fault_every, args.sample_every, args.json)
+    return command.main(args.pipeline or "postgres-two-phase-commit", args.faults, args.seed, args.guarantee,
+                        args.backend, args.duplicates, args.malformed, args.late, args.json)
 
 
 def _produce(args: argparse.Namespace) -> int:
@@ -133,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     services.add_argument("--backend", choices=BACKENDS, default="auto",
                           help="containers (testcontainers), local (local processes), external (ONCEKIT_KAFKA_BOOTSTRAP, ONCEKIT_POSTGRES_DSN), or auto")
     services.add_argument("--show-dsn", action="store_true", help="print the DSN with its password")
+    services.add_argument("--brokers", type=int, default=1,
+                          help="Kafka brokers: 1, or a KRaft cluster of 3 (replication 3, min.insync.replicas 2)")
     services.set_defaults(run=_services)
 
     demo = commands.add_parser("demo", help="the main job: the reference pipeline end to end, with a crash and a restart")
@@ -160,8 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     generate.set_defaults(run=_produce)
 
     check = commands.add_parser("verify", help="inject faults into a pipeline and check its output")
-    check.add_argument("--pipeline", default="postgres-two-phase-commit",
-                       help=f"one of the kit's examples ({', '.join(EXAMPLES)}) or module:function")
+    check.add_argument("--pipeline", help=f"one of the kit's examples ({', '.join(EXAMPLES)}) or module:function "
+                       "(default postgres-two-phase-commit; for --soak fan-out-postgres-kafka-wal)")
     check.add_argument("--guarantee", choices=GUARANTEES,
                        help="what to check (default: what the example promises; exactly-once for yours)")
     check.add_argument("--faults", type=int, default=5)
@@ -171,6 +176,11 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--seed", type=int, default=1)
     check.add_argument("--backend", choices=BACKENDS, default="auto")
     check.add_argument("--json", help="write the results to this file")
+    check.add_argument("--soak", metavar="DURATION", help="instead of --faults: run this long (30m, 2h) at a steady "
+                       "input rate with a fault every --fault-every seconds, printing what must stay bounded")
+    check.add_argument("--rate", type=float, default=20.0, help="--soak: input records per second")
+    check.add_argument("--fault-every", type=float, default=60.0, help="--soak: seconds between faults")
+    check.add_argument("--sample-every", type=float, default=180.0, help="--soak: seconds between table rows")
     check.set_defaults(run=_verify)
 
     _add_pipeline_commands(commands)

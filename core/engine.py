@@ -138,7 +138,7 @@ class CheckpointEngine:
             lost = [c for c in orphans if c.batch_id == batch_id]
             self.sink.abort_batch(batch_id, lost)
             report.aborted_leftovers.extend(c.name for c in lost)
-        self._prune(completed, journaled & done)
+        self._prune(completed, journaled, done)
         return report
 
     def _commit(self, batch_id: int, committables: Sequence[Committable] | None = None) -> None:
@@ -148,11 +148,16 @@ class CheckpointEngine:
         self.sink.commit_batch(batch_id, committables)
         self.journal.mark_done(batch_id)
 
-    def _prune(self, completed: set[int], done: set[int]) -> None:
-        """Forget finished batches older than the oldest commit Spark still keeps."""
+    def _prune(self, completed: set[int], journaled: set[int], done: set[int]) -> None:
+        """Forget finished batches older than the oldest commit Spark still keeps (its
+        ``minBatchesToRetain``), in the journal and in the sink: no recovery can need them. The
+        sink forgets only below every batch the journal still holds unfinished."""
         if not completed:
             return
         oldest = min(completed)
-        for batch_id in done:
-            if batch_id < oldest:
-                self.journal.delete(batch_id)
+        forgotten = sorted(b for b in done if b < oldest)
+        for batch_id in forgotten:
+            self.journal.delete(batch_id)
+        if forgotten:
+            self.journal.sweep(oldest)
+            self.sink.forget(min([oldest, *(journaled - done)]))

@@ -165,6 +165,10 @@ class FanOutSink(Sink):
         wanted = None if batch_ids is None else list(batch_ids)
         return [c for sink in self.targets.values() for c in sink.leftovers(wanted)]
 
+    def forget(self, before_batch: int) -> None:
+        for sink in self.targets.values():
+            sink.forget(before_batch)
+
     def close(self) -> None:
         for sink in self.targets.values():
             sink.close()

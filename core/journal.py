@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from oncekit.core.protocol import Committable
 from oncekit.core.spark_log import batch_ids
-from oncekit.core.storage import delete_file, filesystem, list_names, read_bytes, write_atomically
+from oncekit.core.storage import delete_file, filesystem, list_names, read_bytes, temporary_target, write_atomically
 
 logger = logging.getLogger(__name__)
 
@@ -51,3 +51,11 @@ class Journal:
     def delete(self, batch_id: int) -> None:
         delete_file(self.fs, self._path(batch_id, ".json"))
         delete_file(self.fs, self._path(batch_id, ".done"))
+
+    def sweep(self, before_batch: int) -> None:
+        """Driver, in recovery: delete temporaries that killed writers left for batches before
+        ``before_batch`` (their entries are final or gone)."""
+        for name in list_names(self.fs, self.directory):
+            stem = (temporary_target(name) or "").split(".", 1)[0]
+            if stem.isdigit() and int(stem) < before_batch:
+                delete_file(self.fs, f"{self.directory}/{name}")

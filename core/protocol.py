@@ -149,6 +149,13 @@ class Sink(ABC):
         names. The default holds nothing open."""
         return []
 
+    def forget(self, before_batch: int) -> None:
+        """Driver, in recovery, after the journal dropped batches Spark no longer keeps: drop the
+        sink's own records of batches before ``before_batch`` (marker rows, recorded checkpoints).
+        Those batches are committed and marked done, and Spark never runs them again, so nothing
+        will ask about them; without this such records grow by one per batch forever. The
+        default keeps nothing."""
+
     def close(self) -> None:
         """Release connections; called when the engine is done with the sink."""
 

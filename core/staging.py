@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from oncekit.core.names import StagedFile
 from oncekit.core.protocol import Committable, TaskInfo
-from oncekit.core.storage import delete_file, filesystem, list_names, write_atomically
+from oncekit.core.storage import delete_dir_if_spent, delete_file, filesystem, list_names, write_atomically
 
 logger = logging.getLogger(__name__)
 
@@ -57,8 +57,12 @@ class StagedFiles:
             yield from pa.ipc.open_stream(source)
 
     def discard(self, committables: Sequence[Committable]) -> None:
+        """Driver: delete the batch's staged files once it is published or aborted, and each
+        batch folder left with nothing in it (a folder per batch would otherwise pile up)."""
         for committable in committables:
             delete_file(self.fs, self._path(committable.staged_file))
+        for batch_id in sorted({c.batch_id for c in committables}):
+            delete_dir_if_spent(self.fs, f"{self.directory}/{batch_id}")
 
     def leftovers(self, batch_ids: Iterable[int] | None = None) -> list[Committable]:
         """Every staged file still present, for ``batch_ids`` or all batches."""

@@ -35,6 +35,26 @@ def write_atomically(fs: FileSystem, path: str, data: bytes) -> None:
     fs.move(temporary, path)
 
 
+def temporary_target(name: str) -> str | None:
+    """The file name a temporary of :func:`write_atomically` was to become (a writer killed
+    between writing and moving leaves it behind), None for any other name."""
+    if name.startswith(".") and name.endswith(".tmp") and name.count(".") >= 3:
+        return name[1:].rsplit(".", 2)[0]
+    return None
+
+
+def delete_dir_if_spent(fs: FileSystem, directory: str) -> bool:
+    """Delete ``directory`` when it holds nothing but temporaries of killed writers; True if it did."""
+    names = list_names(fs, directory)
+    if any(temporary_target(name) is None for name in names):
+        return False
+    try:
+        fs.delete_dir(directory)
+    except FileNotFoundError:
+        pass
+    return True
+
+
 def read_bytes(fs: FileSystem, path: str) -> bytes:
     with fs.open_input_stream(path) as source:
         return bytes(source.read())

@@ -113,7 +113,7 @@ class Campaign:
         self.expected += produce_input(self.kafka, self.ctx.input_topic, self.chunk, first=self.produced,
                                        upstream=self.upstream)
         self.produced += self.chunk
-        ended, batch = self._inject(fault)
+        ended, batch = self.inject(fault)
         caught_up, last_change = None, time.monotonic()
         seen: tuple[int, int | None, int | None] | None = None
         reconnected = 0.0
@@ -132,7 +132,7 @@ class Campaign:
             progress = (len(got), self.batch_in_flight(), self.batch_committed())
             if progress != seen:
                 seen, last_change = progress, time.monotonic()
-            done = self._idle() and self.driver.running_query()
+            done = self.idle() and self.driver.running_query()
             if not (want - Counter(got)) and done:
                 caught_up = caught_up or time.monotonic()
                 if time.monotonic() - last_change > 1.0:  # settled: late duplicates would have shown
@@ -159,7 +159,7 @@ class Campaign:
     def batch_committed(self) -> int | None:
         return self.spark_log.latest_completed()
 
-    def _idle(self) -> bool:
+    def idle(self) -> bool:
         """Spark has committed every batch it planned."""
         planned = self.batch_in_flight()
         return planned is not None and planned == self.batch_committed()
@@ -175,9 +175,10 @@ class Campaign:
         except (OSError, LookupError, TypeError, ValueError, KafkaException):
             return False  # a source without offsets, or a log being written: not known to be drained
 
-    def _inject(self, fault: Fault) -> tuple[float | None, int | None]:
-        """Inject ``fault``; returns when it ended and the batch in flight (None, None for a crash
-        point, which the wait loop sees fire)."""
+    def inject(self, fault: Fault) -> tuple[float | None, int | None]:
+        """Called by :meth:`run` and by the soak (:mod:`oncekit.verify.soak`): inject ``fault``;
+        returns when it ended and the batch in flight (None, None for a crash point, which the
+        caller sees fire)."""
         if fault.kind == "crash":
             return None, None
         time.sleep(fault.delay_s)

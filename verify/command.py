@@ -1,12 +1,18 @@
 """``oncekit verify``: start services, run one campaign with a progress line per fault, print the
-table (and write JSON), and say how to reproduce a failure. Called by the CLI only."""
+table (and write JSON), and say how to reproduce a failure; or, with ``--soak``, one soak with a
+row every few minutes. Called by the CLI only."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 from oncekit.connectors.services import start_services
 from oncekit.verify.campaign import run_campaign
 from oncekit.verify.io import Upstream
 from oncekit.verify.report import FaultResult, table, write_json
+from oncekit.verify.soak import HEADER, SoakSample, parse_duration, report_dict, row, run_soak
+from oncekit.verify.soak import table as soak_table
 
 
 def main(pipeline: str, faults: int, seed: int, guarantee: str | None, backend: str, duplicates: float,
@@ -32,3 +38,24 @@ def main(pipeline: str, faults: int, seed: int, guarantee: str | None, backend: 
               f"--late {late}  (schedule: {'; '.join(r.fault for r in report.results)})")
         return 1
     return 0
+
+
+def soak(pipeline: str, duration: str, seed: int, backend: str, rate: float, fault_every_s: float,
+         sample_every_s: float, json_path: str | None) -> int:
+    """``oncekit verify --soak DURATION``; returns 0 when the output is exactly-once, nothing is
+    left behind and everything bounded stayed within its bound."""
+    seconds = parse_duration(duration)
+    started = start_services(backend)
+    print(f"services ({started.backend}) ready; soaking {pipeline} for {seconds / 60:.1f} min at {rate:g} records/s, "
+          f"a fault every {fault_every_s:.0f} s, seed {seed}", flush=True)
+    print(HEADER, flush=True)
+
+    def progress(sample: SoakSample) -> None:
+        print(row(sample), flush=True)
+
+    with started.running() as services:
+        report = run_soak(pipeline, services, seconds, seed, rate, fault_every_s, sample_every_s, progress=progress)
+    print(soak_table(report))
+    if json_path:
+        Path(json_path).write_text(json.dumps(report_dict(report), indent=2))
+    return 0 if report.passed else 1

@@ -49,6 +49,10 @@ EXAMPLES = {
     "kafka-at-least-once": Example("kafka", "at-least-once", "at-least-once", _NO_LATE_COMMIT),
     # one query, one checkpoint, two sinks: every record into the table and into the topic
     "fan-out-postgres-kafka": Example("fan-out", "two-phase-commit+transactional", "exactly-once"),
+    # the same with the topic's batches published after the checkpoint (staged files): the soak's
+    # default, since it has every kind of state the kit keeps (journal, staged files, prepared
+    # transactions, marker rows, marker groups)
+    "fan-out-postgres-kafka-wal": Example("fan-out", "two-phase-commit+write-ahead-log", "exactly-once"),
 }
 
 
@@ -82,8 +86,9 @@ def example_sink(sink: str, kafka: KafkaConfig, dsn: str, target: str) -> SinkCo
 
     example = EXAMPLES[sink]
     if example.kind == "fan-out":
-        return fan_out({"table": postgres_sink(dsn, target, "two-phase-commit", columns=("id", "payload")),
-                        "topic": kafka_sink(kafka.bootstrap_servers, target, "transactional", columns=("key", "value"))})
+        table, topic = example.protocol.split("+")
+        return fan_out({"table": postgres_sink(dsn, target, table, columns=("id", "payload")),
+                        "topic": kafka_sink(kafka.bootstrap_servers, target, topic, columns=("key", "value"))})
     if example.kind == "kafka":
         return kafka_sink(kafka.bootstrap_servers, target, example.protocol)
     return postgres_sink(dsn, target, example.protocol, key_columns=("id",) if example.protocol == "idempotent" else ())

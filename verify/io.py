@@ -15,6 +15,7 @@ from psycopg import sql
 from oncekit.connectors import KafkaConfig, postgres
 from oncekit.connectors.kafka import create_topic
 from oncekit.connectors.postgres import connect
+from oncekit.sinks.postgres._common import CHECKPOINT_TABLE, MARKER_TABLE
 from oncekit.verify.examples import COUNT, EXAMPLES, sink_kind
 
 
@@ -166,3 +167,24 @@ def committed_output(sink: str, kafka: KafkaConfig, dsn: str, target: str, expec
     if EXAMPLES[sink].kind == "kafka":
         return [int(v) for v in read_committed(kafka, target, expected, timeout_s=60)]
     return table_ids(dsn, target)
+
+
+def kit_rows(dsn: str, target: str) -> int:
+    """Rows the kit keeps beside the target for the sinks whose id names ``target``: marker rows
+    of two-phase commit and recorded checkpoints of the write-ahead log (the soak watches them)."""
+    total = 0
+    with connect(dsn) as conn:
+        for table in (MARKER_TABLE, CHECKPOINT_TABLE):
+            if conn.execute("SELECT to_regclass(%s)", (table,)).fetchone() != (None,):
+                row = conn.execute(sql.SQL("SELECT count(*) FROM {} WHERE strpos(sink_id, %s) > 0").format(
+                    sql.Identifier(table)), (target,)).fetchone()
+                total += int(row[0]) if row else 0
+    return total
+
+
+def marker_groups(kafka: KafkaConfig, target: str) -> int:
+    """Consumer groups of the kit's Kafka sinks whose id names ``target`` (their batch markers)."""
+    from confluent_kafka.admin import AdminClient
+
+    listed = AdminClient(kafka.settings()).list_consumer_groups(request_timeout=30).result()
+    return sum(1 for group in listed.valid if group.group_id.startswith("oncekit-") and target in group.group_id)

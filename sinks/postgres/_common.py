@@ -316,6 +316,20 @@ class PostgresSinkBase(Sink):
                 self._check_conflict_target(conn)
             self._create_tables(conn)
 
+    def forget_recorded(self, table: str, before_batch: int) -> None:
+        """Driver, from ``forget``: delete this sink's rows of batches before ``before_batch``
+        from the kit's table ``table`` (beside the target). A failure only delays it: the next
+        recovery that prunes the journal deletes the same rows and newer ones."""
+        try:
+            with self.connection(autocommit=True) as conn:
+                deleted = conn.execute(sql.SQL("DELETE FROM {} WHERE sink_id = %s AND batch_id < %s").format(
+                    identifier(in_schema_of(self.config.table, table))), (self.sink_id, before_batch)).rowcount
+        except (psycopg.Error, OncekitError) as exc:
+            logger.warning("sink %s: could not delete rows of batches before %s from %s: %s", self.sink_id,
+                           before_batch, table, exc)
+            return
+        logger.info("sink %s: deleted %s rows of batches before %s from %s", self.sink_id, deleted, before_batch, table)
+
     def _check_conflict_target(self, conn: psycopg.Connection[Any]) -> None:
 
         keys = sql.SQL(", ").join(sql.Identifier(c) for c in self.config.key_columns)

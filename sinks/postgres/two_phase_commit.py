@@ -136,6 +136,11 @@ class PostgresTwoPhaseCommitSink(PostgresSinkBase, TwoPhaseCommitSink["_Prepared
                 time.sleep(0.1)
         raise CommitError(f"{FORMAT} sink {self.sink_id}: prepared transaction {transaction_id} stayed busy for 10 s")
 
+    def forget(self, before_batch: int) -> None:
+        """Marker rows answer "committed or rolled back?" only for batches recovery may still
+        commit; older ones go (one row per partition and batch would grow forever)."""
+        self.forget_recorded(MARKER_TABLE, before_batch)
+
     def _marker_visible(self, conn: psycopg.Connection[Any], transaction_id: str) -> bool:
 
         row = conn.execute(sql.SQL("SELECT 1 FROM {} WHERE transaction_id = %s").format(

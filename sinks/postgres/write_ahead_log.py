@@ -33,6 +33,11 @@ class PostgresWriteAheadSink(PostgresSinkBase, WriteAheadSink):
             "committed_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (sink_id, batch_id))"
         ).format(identifier(in_schema_of(self.config.table, CHECKPOINT_TABLE))))
 
+    def forget(self, before_batch: int) -> None:
+        """A recorded batch stops a repeated publication only while a notification may still
+        come for it; older records go."""
+        self.forget_recorded(CHECKPOINT_TABLE, before_batch)
+
     def send_values(self, batch_id: int, committables: Sequence[Committable]) -> CommitOutcome:
         with self.connection(autocommit=True) as conn:
             staging = self.temporary_staging(conn)

@@ -22,6 +22,7 @@ class MemorySink(TwoPhaseCommitSink[TaskInfo]):
         self.prepared: dict[str, Committable] = {}
         self.committed: list[str] = []
         self.aborted: list[str] = []
+        self.forgotten: list[int] = []
 
     def begin_transaction(self, task: TaskInfo) -> TaskInfo:
         return task
@@ -52,6 +53,9 @@ class MemorySink(TwoPhaseCommitSink[TaskInfo]):
 
     def leftovers(self, batch_ids: Iterable[int] | None = None) -> list[Committable]:
         return [c for c in self.prepared.values() if batch_ids is None or c.batch_id in set(batch_ids)]
+
+    def forget(self, before_batch: int) -> None:
+        self.forgotten.append(before_batch)
 
 
 def spark_logged(checkpoint: Path, folder: str, *batch_ids: int) -> None:
@@ -122,8 +126,41 @@ def test_recover_prunes_finished_batches_spark_no_longer_keeps(engine: Checkpoin
     engine.complete()
     for batch_id in (0, 1):  # Spark deleted its old commit files
         (tmp_path / "commits" / str(batch_id)).unlink()
+    (tmp_path / "oncekit" / "memory" / "journal" / ".1.json.0a1b.tmp").write_text("")  # a killed writer's
     engine.recover()
     assert Journal(str(tmp_path), "memory").entries() == ({2}, {2})
+    assert sorted(p.name for p in (tmp_path / "oncekit" / "memory" / "journal").iterdir()) == ["2.done", "2.json"]
+    assert sink_of(engine).forgotten == [2]  # marker rows of batches 0 and 1 may go
+    engine.recover()
+    assert sink_of(engine).forgotten == [2]  # nothing newly pruned, nothing to ask the target
+
+
+def test_recover_forgets_in_the_sink_only_below_unfinished_batches(engine: CheckpointEngine, tmp_path: Path) -> None:
+    for batch_id in (0, 1, 2, 3):
+        engine.checkpoint(batch_id, [prepare(engine, batch_id, 0)])
+    spark_logged(tmp_path, "commits", 0, 2, 3)
+    spark_logged(tmp_path, "offsets", 0, 1, 2, 3)
+    engine.complete(0)
+    journal = Journal(str(tmp_path), "memory")
+    journal.mark_done(2)  # done, while batch 1 is journaled and not (a test's contrivance)
+    (tmp_path / "commits" / "0").unlink()
+    (tmp_path / "commits" / "2").unlink()
+    engine._prune({3}, *journal.entries())
+    assert sink_of(engine).forgotten == [1]
+
+
+def test_staged_files_discard_removes_spent_batch_folders(tmp_path: Path) -> None:
+    import pyarrow as pa
+
+    from oncekit.core.staging import StagedFiles
+
+    staged = StagedFiles(str(tmp_path), "wal")
+    rows = pa.record_batch({"id": [1, 2]})
+    kept = [staged.stage(TaskInfo("wal", batch, 0, 0), iter([rows])) for batch in (0, 1)]
+    folder = tmp_path / "oncekit" / "wal" / "staged"
+    (folder / "1" / ".0-9.arrow.0a1b.tmp").write_text("")  # a killed task's half-written file
+    staged.discard([c for c in kept if c is not None])
+    assert list(folder.iterdir()) == []
 
 
 def test_journal_survives_as_json_and_rewrites_atomically(tmp_path: Path) -> None:
