@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -132,25 +132,60 @@ class KafkaConfig:
         return out
 
 
-def broker_properties(port: int, controller_port: int, bind_host: str = "127.0.0.1") -> dict[str, str]:
-    """Server properties of a single-node KRaft broker that clients reach at 127.0.0.1:port.
+@dataclass(frozen=True)
+class BrokerAddress:
+    """Where one KRaft node (broker and controller in one process) of a test cluster listens.
 
-    Single-broker clusters need replication factor 1 and min ISR 1 for the transaction state log
-    and the offsets topic, or transactions and group commits time out.
+    Clients on the host reach it at 127.0.0.1:``port``. Other nodes reach its controller at
+    ``host``:``controller_port`` and its broker at ``host``:``internal_port``, or at the client
+    address when ``internal_port`` is None (local processes, which share the host's loopback).
+    Containers on a network of their own need the internal listener: inside a container
+    127.0.0.1 is the container itself, so the client address cannot serve other brokers.
     """
+
+    node_id: int
+    port: int
+    controller_port: int
+    host: str = "127.0.0.1"
+    internal_port: int | None = None
+
+
+def broker_properties(node: BrokerAddress, cluster: Sequence[BrokerAddress] = (),
+                      bind_host: str = "127.0.0.1") -> dict[str, str]:
+    """Server properties of ``node``, one of ``cluster`` (default: a cluster of ``node`` alone).
+    The one place broker settings are made: the container backend passes them as ``KAFKA_*``
+    environment variables, the local backend writes them to a properties file.
+
+    A single broker needs replication factor 1 and min ISR 1 for the transaction state log and
+    the offsets topic, or transactions and group commits time out. Three brokers or more run as
+    production does: every topic (the internal ones included) replicated three times, a write
+    acknowledged by all needing two in-sync replicas, and no unclean leader election, so a
+    replica that missed records never becomes leader.
+    """
+    cluster = tuple(cluster) or (node,)
+    if 1 < len(cluster) < 3:
+        raise ConfigError(f"kafka: a cluster of {len(cluster)} brokers; run 1, or 3 or more (replication factor 3)")
+    replicas, min_isr = ("1", "1") if len(cluster) == 1 else ("3", "2")
+    listeners = {"PLAINTEXT": (bind_host, node.port, "127.0.0.1"), "CONTROLLER": (bind_host, node.controller_port, None)}
+    if node.internal_port is not None:
+        listeners["INTERNAL"] = (bind_host, node.internal_port, node.host)
     return {
-        "node.id": "1",
+        "node.id": str(node.node_id),
         "process.roles": "broker,controller",
-        "controller.quorum.voters": f"1@127.0.0.1:{controller_port}",
-        "listeners": f"PLAINTEXT://{bind_host}:{port},CONTROLLER://{bind_host}:{controller_port}",
-        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
+        "controller.quorum.voters": ",".join(f"{n.node_id}@{n.host}:{n.controller_port}" for n in cluster),
+        "listeners": ",".join(f"{name}://{host}:{port}" for name, (host, port, _) in listeners.items()),
+        "advertised.listeners": ",".join(f"{name}://{advertised}:{port}"
+                                         for name, (_, port, advertised) in listeners.items() if advertised),
         "controller.listener.names": "CONTROLLER",
-        "inter.broker.listener.name": "PLAINTEXT",
-        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
-        "offsets.topic.replication.factor": "1",
+        "inter.broker.listener.name": "INTERNAL" if node.internal_port is not None else "PLAINTEXT",
+        "listener.security.protocol.map": ",".join(f"{name}:PLAINTEXT" for name in listeners),
+        "default.replication.factor": replicas,
+        "min.insync.replicas": min_isr,
+        "unclean.leader.election.enable": "false",
+        "offsets.topic.replication.factor": replicas,
         "offsets.topic.num.partitions": "4",
-        "transaction.state.log.replication.factor": "1",
-        "transaction.state.log.min.isr": "1",
+        "transaction.state.log.replication.factor": replicas,
+        "transaction.state.log.min.isr": min_isr,
         "transaction.state.log.num.partitions": "4",
         "group.initial.rebalance.delay.ms": "0",
         "auto.create.topics.enable": "false",
@@ -158,8 +193,9 @@ def broker_properties(port: int, controller_port: int, bind_host: str = "127.0.0
     }
 
 
-def check_broker(bootstrap_servers: str, client: Mapping[str, Any] | None = None) -> None:
-    """Raise unless the broker answers metadata and a transactional producer can initialise.
+def check_broker(bootstrap_servers: str, client: Mapping[str, Any] | None = None, brokers: int = 1) -> None:
+    """Raise unless the cluster's metadata lists ``brokers`` brokers (or more) and a
+    transactional producer can initialise.
 
     Metadata alone is not enough: the transaction coordinator loads its log after the broker
     starts, and until then every transactional producer fails.
@@ -167,16 +203,18 @@ def check_broker(bootstrap_servers: str, client: Mapping[str, Any] | None = None
     config = KafkaConfig(bootstrap_servers, dict(client or {}))
     try:
         metadata = AdminClient(config.settings(logger=_PROBE_LOG)).list_topics(timeout=5)
-        if not metadata.brokers:
-            raise ServiceError(f"kafka at {bootstrap_servers}: no broker in the metadata")
+        if len(metadata.brokers) < brokers:
+            raise ServiceError(f"kafka at {bootstrap_servers}: {len(metadata.brokers)} of {brokers} brokers in the metadata")
         producer = Producer(config.settings(transactional_id=f"oncekit-probe-{uuid.uuid4()}", logger=_PROBE_LOG))
         producer.init_transactions(10)
     except KafkaException as exc:
         raise ServiceError(f"kafka at {bootstrap_servers}: {exc.args[0]}") from exc
 
 
-def create_topic(config: KafkaConfig, topic: str, partitions: int = 1, replication_factor: int = 1) -> None:
-    """Create ``topic``; an existing topic with the same name is left as it is."""
+def create_topic(config: KafkaConfig, topic: str, partitions: int = 1, replication_factor: int = -1) -> None:
+    """Create ``topic``; an existing topic with the same name is left as it is. The replication
+    factor defaults to the cluster's own (``default.replication.factor``): 1 on a single test
+    broker, 3 on a three-broker one, whatever the user's cluster is set to."""
     admin = AdminClient(config.settings())  # must outlive the future, or librdkafka cancels it
     future = admin.create_topics(
         [NewTopic(topic, num_partitions=partitions, replication_factor=replication_factor)], operation_timeout=30
@@ -207,3 +245,20 @@ def end_offsets(config: KafkaConfig, topic: str) -> dict[int, int]:
         return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in sorted(partitions)}
     finally:
         consumer.close()
+
+
+def partition_leader(config: KafkaConfig, topic: str, partition: int) -> int:
+    """The node id of the broker that leads ``topic``'s ``partition`` now (-1 while it has none)."""
+    metadata = AdminClient(config.settings()).list_topics(topic, timeout=30)
+    try:
+        return int(metadata.topics[topic].partitions[partition].leader)
+    except KeyError as exc:
+        raise ServiceError(f"kafka: no partition {partition} of topic {topic!r} in the metadata") from exc
+
+
+def under_replicated(config: KafkaConfig) -> list[str]:
+    """``topic[partition]`` of every partition, internal topics included, whose in-sync replicas
+    are fewer than its replicas: a rolling restart waits for none before it stops the next broker."""
+    metadata = AdminClient(config.settings()).list_topics(timeout=30)
+    return [f"{name}[{p.id}]" for name, topic in sorted(metadata.topics.items())
+            for p in topic.partitions.values() if len(p.isrs) < len(p.replicas)]

@@ -37,11 +37,17 @@ NETWORK_TIMEOUTS = {"keepalives": "1", "keepalives_idle": "5", "keepalives_inter
                     "keepalives_count": "3", "tcp_user_timeout": "15000"}
 
 
+APPLICATION_NAME = "oncekit"
+"""The sessions' ``application_name`` unless the DSN names one: an administrator (or the fault
+harness) finds the kit's sessions in ``pg_stat_activity`` by it."""
+
+
 def connect(dsn: str, autocommit: bool = False, connect_timeout: int = 10) -> psycopg.Connection[Any]:
     """A psycopg connection that fails within seconds when the server's network is gone.
     Every oncekit connection to PostgreSQL is made here."""
     given = conninfo_to_dict(dsn)
-    defaults = {key: value for key, value in NETWORK_TIMEOUTS.items() if key not in given}
+    defaults = {key: value for key, value in {**NETWORK_TIMEOUTS, "application_name": APPLICATION_NAME}.items()
+                if key not in given}
     if "connect_timeout" not in given:
         defaults["connect_timeout"] = str(connect_timeout)
     return psycopg.connect(make_conninfo(dsn, **defaults), autocommit=autocommit)

@@ -5,6 +5,11 @@ first process that reaches the point with a matching batch (and partition) renam
 ``<point>.fired`` and exits at once with :data:`CRASH_EXIT_CODE`, as a killed process would.
 Renaming makes it fire exactly once, whichever task, worker or driver gets there first.
 
+A point armed with ``hold=True`` does not exit: the process that reaches it waits there until
+the test calls :func:`release` (at most :data:`HOLD_LIMIT_S`), then goes on. A test uses the
+pause to break a service at that exact step (kill -9 a database server between two
+``COMMIT PREPARED``), and the released process meets the broken service as it would have.
+
 Without ``ONCEKIT_CRASH_DIR`` in the environment (read once, at import) a crash point is one
 ``None`` check.
 """
@@ -14,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from pathlib import Path
 
 from oncekit.core.errors import ConfigError
@@ -21,6 +27,7 @@ from oncekit.core.errors import ConfigError
 logger = logging.getLogger(__name__)
 
 CRASH_EXIT_CODE = 86
+HOLD_LIMIT_S = 600.0  # a held process goes on by itself after this: a test that died must not hang it
 CRASH_DIR_ENV = "ONCEKIT_CRASH_DIR"
 
 POINTS = (
@@ -53,17 +60,33 @@ def crash_point(name: str, batch_id: int, partition_id: int | None = None) -> No
     except FileNotFoundError:  # another process fired it first
         return
     fired_file.write_text(json.dumps({"batch": batch_id, "partition": partition_id, "pid": os.getpid()}))
+    if condition.get("hold"):
+        logger.warning("crash point %s holding batch %s partition %s (pid %s)", name, batch_id, partition_id, os.getpid())
+        released = armed.with_name(name + ".release")
+        deadline = time.monotonic() + HOLD_LIMIT_S
+        while not released.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        released.unlink(missing_ok=True)
+        return
     logger.warning("crash point %s fired at batch %s partition %s (pid %s)", name, batch_id, partition_id, os.getpid())
     os._exit(CRASH_EXIT_CODE)
 
 
-def arm(directory: str | Path, name: str, batch_id: int | None = None, partition_id: int | None = None) -> None:
-    """Test helper: arm ``name`` to fire once at ``batch_id`` (any batch if None)."""
+def arm(directory: str | Path, name: str, batch_id: int | None = None, partition_id: int | None = None,
+        hold: bool = False) -> None:
+    """Test helper: arm ``name`` to fire once at ``batch_id`` (any batch if None): exit there,
+    or with ``hold`` wait there until :func:`release`."""
     if name not in POINTS:
         raise ConfigError(f"unknown crash point {name!r}; known: {', '.join(POINTS)}")
     Path(directory).mkdir(parents=True, exist_ok=True)
-    (Path(directory) / f"{name}.fired").unlink(missing_ok=True)  # an earlier firing is not this one's
-    (Path(directory) / name).write_text(json.dumps({"batch": batch_id, "partition": partition_id}))
+    for stale in (f"{name}.fired", f"{name}.release"):  # an earlier firing is not this one's
+        (Path(directory) / stale).unlink(missing_ok=True)
+    (Path(directory) / name).write_text(json.dumps({"batch": batch_id, "partition": partition_id, "hold": hold}))
+
+
+def release(directory: str | Path, name: str) -> None:
+    """Test helper: let the process held at ``name`` go on."""
+    (Path(directory) / f"{name}.release").touch()
 
 
 def fired(directory: str | Path) -> list[str]:

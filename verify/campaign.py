@@ -34,8 +34,9 @@ from oncekit.core.spark_log import SparkLog
 from oncekit.verify.checker import GUARANTEES, Verdict, compare
 from oncekit.verify.driver import DriverProcess
 from oncekit.verify.examples import EXAMPLES, PER_BATCH, PipelineContext, sink_kind
-from oncekit.verify.faults import Fault, schedule
+from oncekit.verify.faults import POSTGRES_FAULTS, Fault, schedule
 from oncekit.verify.io import KafkaOutput, Upstream, prepare_target, prepared_transactions, produce_input, table_ids
+from oncekit.verify.pgfaults import PostgresFaults, install_holds
 from oncekit.verify.report import CampaignReport, FaultResult
 
 logger = logging.getLogger(__name__)
@@ -64,6 +65,9 @@ class Campaign:
         Path(self.crash_dir).mkdir(parents=True, exist_ok=True)
         create_topic(self.kafka, topic, partitions=2)
         prepare_target(pipeline, self.kafka, services.postgres.dsn, output)
+        if self.kind != "kafka":
+            install_holds(services.postgres.dsn, output)
+        self.postgres_faults = PostgresFaults(services.postgres, output, self.crash_dir)
         self.kafka_output = KafkaOutput(self.kafka, output) if self.kind in ("kafka", "fan-out") else None
         self.driver = DriverProcess(pipeline, self.ctx, self.crash_dir, work / "driver.log", env or {})
         self.expected: list[int] = []
@@ -154,7 +158,7 @@ class Campaign:
         recovery = max(0.0, round(caught_up - start, 1)) if caught_up is not None else float("nan")
         return FaultResult(str(fault), ended is not None, batch, self.query_restarts() - restarts_before,
                            self.driver.restarts - driver_before, recovery,
-                           verdict.name, verdict.summary(3))
+                           verdict.name, verdict.summary(3) + self.postgres_faults.note(fault.kind))
 
     def batch_committed(self) -> int | None:
         return self.spark_log.latest_completed()
@@ -186,6 +190,9 @@ class Campaign:
         if fault.kind == "kill":
             self.driver.kill()
             return time.monotonic(), batch
+        if fault.kind in POSTGRES_FAULTS:
+            fired = self.postgres_faults.inject(fault.kind, fault.outage_s)
+            return (time.monotonic() if fired else None), batch
         service = self.services.kafka if fault.kind.startswith("kafka") else self.services.postgres
         if fault.kind.endswith("-restart"):
             service.stop()
@@ -204,6 +211,7 @@ class Campaign:
         code = self.driver.stop()
         final = compare(self.wanted(), self.output())
         left = [f"prepared transaction {gid}" for gid in prepared_transactions(self.services.postgres.dsn, self.ctx.output)]
+        left += [f"prepared transaction {gid} lost by crash recovery" for gid in self.postgres_faults.lost]
         if self.kafka_output is not None:
             left += [f"open transaction in {self.ctx.output}[{p}]" for p in self.kafka_output.open_transactions()]
             self.kafka_output.__exit__()

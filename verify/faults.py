@@ -9,6 +9,12 @@ from dataclasses import dataclass
 from oncekit.core.crash import POINTS
 
 SERVICE_FAULTS = ("kafka-restart", "postgres-restart", "kafka-cut", "postgres-cut")
+POSTGRES_FAULTS = {  # kind: what the table says; injected at a sink step (oncekit.verify.pgfaults)
+    "postgres-kill-prepare": "postgres kill -9 in PREPARE TRANSACTION",
+    "postgres-kill-commit-prepared": "postgres kill -9 between COMMIT PREPAREDs",
+    "postgres-terminate": "postgres sessions terminated mid-write",
+    "postgres-restart-batch": "postgres restarted mid-write",
+}
 
 
 @dataclass(frozen=True)
@@ -16,7 +22,8 @@ class Fault:
     """One injected failure. ``kind``: ``crash`` (``point`` armed for the next batch that reaches
     it), ``kill`` (SIGKILL of the driver ``delay_s`` after the chunk is produced), or
     ``<service>-restart`` / ``<service>-cut`` (stopped, or cut off the network, ``delay_s`` after
-    the chunk is produced, for ``outage_s``)."""
+    the chunk is produced, for ``outage_s``), or one of :data:`POSTGRES_FAULTS` (at the sink's
+    step, the server down for ``outage_s`` where it goes down)."""
 
     kind: str
     point: str | None = None
@@ -29,6 +36,9 @@ class Fault:
             return f"crash {self.point}{task}"
         if self.kind == "kill":
             return f"kill -9 driver after {self.delay_s:.1f} s"
+        if self.kind in POSTGRES_FAULTS:
+            down = f" {self.outage_s:.0f} s" if self.kind != "postgres-terminate" else ""
+            return POSTGRES_FAULTS[self.kind] + down
         service, _, action = self.kind.partition("-")
         what = "stopped" if action == "restart" else "cut off network"
         return f"{service} {what} {self.outage_s:.0f} s"

@@ -35,40 +35,64 @@ def resolve_backend(backend: str) -> str:
     return "containers" if engine_answers() else "local"
 
 
-def start_services(backend: str = "auto") -> Services:
-    """Start (or, for ``external``, find) a Kafka broker and a PostgreSQL server and wait until
-    both are ready: the broker answers metadata and initialises a transactional producer, the
-    server accepts a connection. A failure raises ServiceError and leaves nothing running."""
+def start_services(backend: str = "auto", kafka_brokers: int = 1) -> Services:
+    """Start (or, for ``external``, find) Kafka and a PostgreSQL server and wait until both are
+    ready: every broker answers metadata, a transactional producer initialises, the server
+    accepts a connection. ``kafka_brokers``: 1 (the default, fastest), or a KRaft cluster of 3 or
+    more, replicated as in production (see :func:`~oncekit.connectors.kafka.broker_properties`).
+    A failure raises ServiceError and leaves nothing running."""
     chosen = resolve_backend(backend)
-    kafka: KafkaService
-    postgres: PostgresService
-    if chosen == "containers":
-        from oncekit.connectors.services.containers import ContainerKafka, ContainerPostgres, engine_answers
-
-        if not engine_answers():
-            raise ServiceError(
-                "no container engine answers (start Docker, or run docker/podman/setup.sh and source .oncekit/engine.env)"
-            )
-        kafka_type: Any = ContainerKafka
-        postgres_type: Any = ContainerPostgres
-    elif chosen == "local":
-        from oncekit.connectors.services.local import LocalKafka, LocalPostgres
-
-        kafka_type, postgres_type = LocalKafka, LocalPostgres
-    else:
+    if chosen == "external":
         from oncekit.connectors.services.external import ExternalKafka, ExternalPostgres
 
         services = Services(chosen, ExternalKafka(), ExternalPostgres())
         services.kafka.wait_ready(30)
         services.postgres.wait_ready(30)
         return services
-    kafka = kafka_type.create()
+    kafka = start_kafka(chosen, kafka_brokers)
     try:
-        postgres = postgres_type.create()
+        postgres = _postgres_type(chosen).create()
     except BaseException:
         kafka.remove()
         raise
     return Services(chosen, kafka, postgres)
+
+
+def start_kafka(backend: str = "auto", brokers: int = 1) -> KafkaService:
+    """Start Kafka alone (``brokers`` brokers) with ``backend`` (not ``external``): for tests that
+    need a second cluster beside the services they already have. Returns once it is ready."""
+    chosen = resolve_backend(backend)
+    if brokers != 1 and brokers < 3:
+        raise ConfigError(f"kafka_brokers={brokers}: run 1 broker, or 3 or more (replication factor 3)")
+    if chosen == "containers":
+        _require_engine()
+        from oncekit.connectors.services.containers import ContainerKafka
+
+        return ContainerKafka.create(brokers=brokers)
+    if chosen == "local":
+        from oncekit.connectors.services.local import LocalKafka
+
+        return LocalKafka.create(brokers=brokers)
+    raise ConfigError(f"the {chosen} backend starts no Kafka; point ONCEKIT_KAFKA_BOOTSTRAP at your cluster")
+
+
+def _require_engine() -> None:
+    from oncekit.connectors.services.containers import engine_answers
+
+    if not engine_answers():
+        raise ServiceError(
+            "no container engine answers (start Docker, or run docker/podman/setup.sh and source .oncekit/engine.env)"
+        )
+
+
+def _postgres_type(backend: str) -> Any:
+    if backend == "containers":
+        from oncekit.connectors.services.containers import ContainerPostgres
+
+        return ContainerPostgres
+    from oncekit.connectors.services.local import LocalPostgres
+
+    return LocalPostgres
 
 
 def state_file() -> Path:
@@ -110,16 +134,16 @@ def forget_state() -> None:
     state_file().unlink(missing_ok=True)
 
 
-def command(action: str, backend: str, show_dsn: bool = False) -> int:
-    """``oncekit services up|down|status``: start (and remember), stop (and forget) or check the
-    services; prints the bootstrap address and the DSN with its password hidden unless
-    ``show_dsn``. Returns the exit code."""
+def command(action: str, backend: str, show_dsn: bool = False, brokers: int = 1) -> int:
+    """``oncekit services up|down|status``: start (``brokers`` Kafka brokers) and remember, stop
+    and forget, or check the services; prints the bootstrap servers and the DSN with its
+    password hidden unless ``show_dsn``. Returns the exit code."""
     current = load_state()
     if action == "up":
         if current is not None:
             print(f"services already up ({current.backend}); run 'oncekit services down' first", file=sys.stderr)
             return 1
-        current = start_services(backend)
+        current = start_services(backend, kafka_brokers=brokers)
         path = save_state(current)
         print(f"backend: {current.backend}  (state in {path})")
     elif current is None:

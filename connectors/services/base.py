@@ -10,7 +10,8 @@ from __future__ import annotations
 import socket
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,16 @@ def free_port() -> int:
     with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct ports of :func:`free_port` (each call alone may repeat an earlier one)."""
+    ports: list[int] = []
+    while len(ports) < count:
+        port = free_port()
+        if port not in ports:
+            ports.append(port)
+    return ports
 
 
 def port_in_use(port: int) -> bool:
@@ -97,12 +108,92 @@ class Service(ABC):
 class KafkaService(Service):
     name = "kafka"
     bootstrap_servers: str
+    node_id = 1
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(bootstrap_servers={self.bootstrap_servers!r})"
 
+    @property
+    def brokers(self) -> list[KafkaService]:
+        """The brokers one by one, by which faults hit a single broker (a leader, a transaction
+        coordinator): a single broker is its own list."""
+        return [self]
+
     def wait_ready(self, timeout_s: float = 120.0) -> None:
         wait_until(lambda: check_broker(self.bootstrap_servers), timeout_s, f"kafka at {self.bootstrap_servers}")
+
+
+class KafkaCluster(KafkaService):
+    """Several brokers of one KRaft cluster behind one handle, made by a backend from handles of
+    its own brokers. Clients get every broker's address as bootstrap servers. :meth:`stop`,
+    :meth:`start`, :meth:`kill`, :meth:`disconnect` and :meth:`reconnect` act on every broker (the
+    whole cluster gone, as the single-broker faults mean it); faults on one broker go through
+    :attr:`brokers`. Brokers start together: none is ready before a majority of the controller
+    quorum runs."""
+
+    def __init__(self, brokers: Sequence[KafkaService] = (), backend: str = "") -> None:
+        self._brokers: list[KafkaService] = []
+        self.backend, self.bootstrap_servers = backend, ""
+        for broker in brokers:
+            self.add(broker)
+
+    def add(self, broker: KafkaService) -> None:
+        """Called by the backend as it starts each broker, so that a start-up that fails half way
+        can remove what it started."""
+        self._brokers.append(broker)
+        self.backend = broker.backend
+        self.bootstrap_servers = ",".join(b.bootstrap_servers for b in self._brokers)
+
+    @property
+    def brokers(self) -> list[KafkaService]:
+        return list(self._brokers)
+
+    def broker(self, node_id: int) -> KafkaService:
+        """The broker with ``node_id`` (as the cluster's metadata names leaders and coordinators)."""
+        for broker in self._brokers:
+            if broker.node_id == node_id:
+                return broker
+        raise ServiceError(f"kafka: no broker with node id {node_id} in {self.bootstrap_servers}")
+
+    def wait_ready(self, timeout_s: float = 120.0) -> None:
+        """Every broker is in the metadata and a transactional producer can initialise."""
+        wait_until(lambda: check_broker(self.bootstrap_servers, brokers=len(self._brokers)), timeout_s,
+                   f"kafka cluster at {self.bootstrap_servers}")
+
+    def _each(self, action: Callable[[KafkaService], None]) -> None:
+        """``action`` on every broker at once (threads: a broker's start waits for the others)."""
+        with ThreadPoolExecutor(len(self._brokers)) as pool:
+            for future in [pool.submit(action, broker) for broker in self._brokers]:
+                future.result()
+
+    def stop(self) -> None:
+        self._each(lambda broker: broker.stop())
+
+    def start(self) -> None:
+        self._each(lambda broker: broker.start())
+        self.wait_ready()
+
+    def kill(self) -> None:
+        self._each(lambda broker: broker.kill())
+
+    def disconnect(self) -> None:
+        self._each(lambda broker: broker.disconnect())
+
+    def reconnect(self) -> None:
+        self._each(lambda broker: broker.reconnect())
+
+    def remove(self) -> None:
+        errors = []
+        for broker in self._brokers:
+            try:
+                broker.remove()
+            except Exception as exc:  # remove the others all the same
+                errors.append(f"broker {broker.node_id}: {exc}")
+        if errors:
+            raise ServiceError("kafka: could not remove " + "; ".join(errors))
+
+    def state(self) -> dict[str, Any]:
+        return {"brokers": [broker.state() for broker in self._brokers]}
 
 
 class PostgresService(Service):

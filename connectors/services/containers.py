@@ -1,4 +1,5 @@
-"""The container backend: testcontainers starts a single-node KRaft broker and a PostgreSQL server.
+"""The container backend: testcontainers starts a KRaft broker (or a cluster of them) and a
+PostgreSQL server.
 
 With Docker and registry access the official images run (apache/kafka, postgres). Where no image
 can be pulled, docker/podman/setup.sh builds look-alike images locally and points
@@ -7,6 +8,15 @@ environment variables, so this module does not know which it runs.
 
 The broker maps a chosen free host port to the same container port and advertises
 127.0.0.1:port, which spares the advertised-listener dance of testcontainers' KafkaContainer.
+
+Brokers of a cluster also reach each other, and that cannot go through the host: inside a
+container 127.0.0.1 is the container itself. Checked with Podman 4.3 (netavark, aardvark-dns),
+rootful: containers on a user-defined network find each other by container name (the network's
+DNS), while the host still reaches each broker on its own mapped port. So each cluster gets a
+network of its own; every broker listens for clients on its host port (advertised as
+127.0.0.1:port) and for the other brokers and the controller quorum on fixed container ports
+advertised under its container name. Cutting a broker off that network cuts it off from the
+other brokers and from clients alike, as a network partition would; reconnecting restores both.
 """
 
 from __future__ import annotations
@@ -14,10 +24,11 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from oncekit.connectors.services.base import KafkaService, PostgresService, Service, free_port
-from oncekit.connectors.kafka import CLUSTER_ID, KAFKA_VERSION, broker_properties
+from oncekit.connectors.services.base import KafkaCluster, KafkaService, PostgresService, Service, free_port, free_ports
+from oncekit.connectors.kafka import CLUSTER_ID, KAFKA_VERSION, BrokerAddress, broker_properties
 from oncekit.connectors.postgres import MAX_PREPARED_TRANSACTIONS
 from oncekit.core.errors import ServiceError
 
@@ -60,13 +71,17 @@ def _engine() -> Any:
         ) from exc
 
 
-def _run(image: str, name: str, env: dict[str, str], ports: dict[int, int], command: list[str] | None) -> str:
-    """Start a container with testcontainers and return its id; a failure names the image."""
+def _run(image: str, name: str, env: dict[str, str], ports: dict[int, int], command: list[str] | None,
+         network: str | None = None) -> str:
+    """Start a container with testcontainers (on ``network`` if given) and return its id; a
+    failure names the image."""
     from testcontainers.core.container import DockerContainer
 
     container = DockerContainer(image, name=name).with_envs(**env)
     if command:
         container.with_command(command)
+    if network:
+        container.with_kwargs(network=network)
     for container_port, host_port in ports.items():
         container.with_bind_ports(container_port, host_port)
     try:
@@ -122,32 +137,83 @@ class _ContainerService(Service):
 
 
 class ContainerKafka(_ContainerService, KafkaService):
-    def __init__(self, container_id: str, port: int) -> None:
-        self.container_id, self.port = container_id, port
+    def __init__(self, container_id: str, port: int, node_id: int = 1, network: str | None = None) -> None:
+        self.container_id, self.port, self.node_id = container_id, port, node_id
         self.bootstrap_servers = f"127.0.0.1:{port}"
+        if network:
+            self._network = network  # reconnect() puts a cluster's broker back on its cluster's network
 
     @classmethod
-    def create(cls, image: str | None = None) -> ContainerKafka:
-        port, controller_port = free_port(), free_port()
-        properties = broker_properties(port, controller_port, bind_host="0.0.0.0")
+    def create(cls, image: str | None = None, brokers: int = 1) -> KafkaService:
+        """One broker on the engine's default network, or a :class:`ContainerKafkaCluster` of
+        ``brokers`` brokers on a network of their own; returns once every broker is ready."""
+        if brokers == 1:
+            port, controller_port = free_ports(2)
+            node = BrokerAddress(1, port, controller_port)
+            kafka = cls._launch(image, node, (node,), None)
+            kafka.wait_ready()
+            return kafka
+        ports = free_ports(brokers)
+        network = f"oncekit-kafka-{ports[0]}"
+        # Fixed container ports for the quorum and the brokers: each container has its own.
+        nodes = [BrokerAddress(i + 1, port, 9093, host=f"oncekit-kafka-{port}", internal_port=9094)
+                 for i, port in enumerate(ports)]
+        _engine().networks.create(network, driver="bridge")
+        cluster = ContainerKafkaCluster([], network)
+        try:
+            for node in nodes:
+                cluster.add(cls._launch(image, node, nodes, network))
+            cluster.wait_ready()
+        except BaseException:
+            cluster.remove()
+            raise
+        return cluster
+
+    @classmethod
+    def _launch(cls, image: str | None, node: BrokerAddress, cluster: Sequence[BrokerAddress],
+                network: str | None) -> ContainerKafka:
+        properties = broker_properties(node, cluster, bind_host="0.0.0.0")
         # The official image's convention: log.dirs -> KAFKA_LOG_DIRS, "_" -> "__", "-" -> "___".
         env = {
             "KAFKA_" + key.replace("-", "___").replace("_", "__").replace(".", "_").upper(): value
             for key, value in properties.items()
         }
         env["CLUSTER_ID"] = CLUSTER_ID
-        container_id = _run(image or kafka_image(), f"oncekit-kafka-{port}", env, {port: port}, None)
-        kafka = cls(container_id, port)
-        logger.info("kafka: container %s at %s", container_id[:12], kafka.bootstrap_servers)
-        kafka.wait_ready()
-        return kafka
+        name = f"oncekit-kafka-{node.port}"
+        container_id = _run(image or kafka_image(), name, env, {node.port: node.port}, None, network)
+        logger.info("kafka: container %s, node %s at 127.0.0.1:%s", container_id[:12], node.node_id, node.port)
+        return cls(container_id, node.port, node.node_id, network)
 
     def state(self) -> dict[str, Any]:
-        return {"container_id": self.container_id, "port": self.port}
+        return {"container_id": self.container_id, "port": self.port, "node_id": self.node_id,
+                "network": getattr(self, "_network", None)}
 
     @classmethod
-    def from_state(cls, state: dict[str, Any]) -> ContainerKafka:
-        return cls(state["container_id"], state["port"])
+    def from_state(cls, state: dict[str, Any]) -> KafkaService:
+        if "brokers" in state:
+            return ContainerKafkaCluster([cls.from_state(b) for b in state["brokers"]], state["network"])
+        return cls(state["container_id"], state["port"], state.get("node_id", 1), state.get("network"))
+
+
+class ContainerKafkaCluster(KafkaCluster):
+    """A :class:`KafkaCluster` of containers and the network they share, removed with them."""
+
+    def __init__(self, brokers: Sequence[KafkaService], network: str) -> None:
+        super().__init__(brokers, "containers")
+        self.network = network
+
+    def remove(self) -> None:
+        try:
+            super().remove()
+        finally:
+            try:
+                _engine().networks.get(self.network).remove()
+            except Exception as exc:
+                if type(exc).__name__ != "NotFound":
+                    raise ServiceError(f"kafka: cannot remove network {self.network}: {exc}") from exc
+
+    def state(self) -> dict[str, Any]:
+        return {**super().state(), "network": self.network}
 
 
 class ContainerPostgres(_ContainerService, PostgresService):

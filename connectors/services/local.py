@@ -19,8 +19,16 @@ from pathlib import Path
 from typing import Any
 
 from oncekit.connectors.redact import redact_dsn
-from oncekit.connectors.services.base import KafkaService, PostgresService, free_port, port_in_use, wait_until
-from oncekit.connectors.kafka import CLUSTER_ID, broker_properties
+from oncekit.connectors.services.base import (
+    KafkaCluster,
+    KafkaService,
+    PostgresService,
+    free_port,
+    free_ports,
+    port_in_use,
+    wait_until,
+)
+from oncekit.connectors.kafka import CLUSTER_ID, BrokerAddress, broker_properties
 from oncekit.connectors.postgres import MAX_PREPARED_TRANSACTIONS, check_server, connect
 from oncekit.core.errors import ServiceError
 
@@ -156,8 +164,8 @@ class _LocalService:
 
 class LocalKafka(_LocalService, KafkaService):
 
-    def __init__(self, data_dir: Path, port: int, controller_port: int, pid: int | None = None) -> None:
-        self.data_dir, self.port, self.controller_port = data_dir, port, controller_port
+    def __init__(self, data_dir: Path, port: int, controller_port: int, pid: int | None = None, node_id: int = 1) -> None:
+        self.data_dir, self.port, self.controller_port, self.node_id = data_dir, port, controller_port, node_id
         self.bootstrap_servers = f"127.0.0.1:{port}"
         java = _require("java", "kafka: no Java on the PATH; install a JRE 17 (apt-get install openjdk-17-jre-headless)")
         classpath = f"{broker_libs()}/*"
@@ -169,41 +177,60 @@ class LocalKafka(_LocalService, KafkaService):
         self._process = _Process([*self._java, "kafka.Kafka", str(self._config)], data_dir / "broker.log", pid)
 
     @classmethod
-    def create(cls) -> LocalKafka:
-        data_dir = Path(tempfile.mkdtemp(prefix="oncekit-kafka-"))
-        kafka = cls(data_dir, free_port(), free_port())
-        properties = {**broker_properties(kafka.port, kafka.controller_port), "log.dirs": str(data_dir / "data")}
-        kafka._config.write_text("".join(f"{key}={value}\n" for key, value in properties.items()))
+    def create(cls, brokers: int = 1) -> KafkaService:
+        """One broker, or a :class:`KafkaCluster` of ``brokers`` brokers on loopback (they share
+        the host's, so one listener serves clients and the other brokers alike); returns once
+        every broker is ready."""
+        ports = free_ports(2 * brokers)
+        nodes = [BrokerAddress(i + 1, ports[2 * i], ports[2 * i + 1]) for i in range(brokers)]
+        cluster = KafkaCluster(backend="local")
+        try:
+            for node in nodes:
+                kafka = cls(Path(tempfile.mkdtemp(prefix=f"oncekit-kafka-{node.node_id}-")), node.port,
+                            node.controller_port, node_id=node.node_id)
+                cluster.add(kafka)
+                kafka._format(broker_properties(node, nodes))
+            cluster.start()  # together: no broker is ready before a majority of the quorum runs
+        except BaseException:
+            cluster.remove()
+            raise
+        return cluster.brokers[0] if brokers == 1 else cluster
+
+    def _format(self, properties: dict[str, str]) -> None:
+        properties = {**properties, "log.dirs": str(self.data_dir / "data")}
+        self._config.write_text("".join(f"{key}={value}\n" for key, value in properties.items()))
         formatted = subprocess.run(
-            [*kafka._java, "kafka.tools.StorageTool", "format", "-t", CLUSTER_ID, "-c", str(kafka._config)],
+            [*self._java, "kafka.tools.StorageTool", "format", "-t", CLUSTER_ID, "-c", str(self._config)],
             capture_output=True, text=True, check=False,
         )
         if formatted.returncode != 0:
-            raise ServiceError(f"kafka: formatting the KRaft log failed: {formatted.stderr.strip()[-300:]}")
-        kafka.start()
-        return kafka
+            raise ServiceError(f"kafka: formatting the KRaft log of node {self.node_id} failed: "
+                               f"{formatted.stderr.strip()[-300:]}")
 
     def start(self) -> None:
         for port in (self.port, self.controller_port):
             if port_in_use(port):
                 raise ServiceError(f"kafka: port {port} on 127.0.0.1 is in use")
         self._process.launch()
-        logger.info("kafka: local broker pid %s at %s", self._process.pid, self.bootstrap_servers)
+        logger.info("kafka: local broker %s pid %s at %s", self.node_id, self._process.pid, self.bootstrap_servers)
         self.wait_ready()
 
     def wait_ready(self, timeout_s: float = 120.0) -> None:
         time.sleep(0.5)
         if not self._process.alive():
-            raise ServiceError(f"kafka: local broker exited at start: {self._process.log_tail()}")
+            raise ServiceError(f"kafka: local broker {self.node_id} exited at start: {self._process.log_tail()}")
         super().wait_ready(timeout_s)
 
     def state(self) -> dict[str, Any]:
         return {"data_dir": str(self.data_dir), "port": self.port, "controller_port": self.controller_port,
-                "pid": self._process.pid}
+                "pid": self._process.pid, "node_id": self.node_id}
 
     @classmethod
-    def from_state(cls, state: dict[str, Any]) -> LocalKafka:
-        return cls(Path(state["data_dir"]), state["port"], state["controller_port"], state["pid"])
+    def from_state(cls, state: dict[str, Any]) -> KafkaService:
+        if "brokers" in state:
+            return KafkaCluster([cls.from_state(b) for b in state["brokers"]], "local")
+        return cls(Path(state["data_dir"]), state["port"], state["controller_port"], state["pid"],
+                   state.get("node_id", 1))
 
 
 class LocalPostgres(_LocalService, PostgresService):

@@ -11,6 +11,7 @@ or, with ``dead_letter_table``, goes there with the server's error text while th
 from __future__ import annotations
 
 from oncekit.core.errors import BadRecordError
+from oncekit.sinks.postgres._common import MARKER_TABLE
 from oncekit.sinks.postgres.at_least_once import PostgresAtLeastOnceSink
 from oncekit.sinks.postgres.config import PROTOCOLS, PostgresSinkConfig, postgres_sink
 from oncekit.sinks.postgres.idempotent import PostgresIdempotentSink
@@ -18,6 +19,7 @@ from oncekit.sinks.postgres.two_phase_commit import PostgresTwoPhaseCommitSink
 from oncekit.sinks.postgres.write_ahead_log import PostgresWriteAheadSink
 
 __all__ = [
+    "MARKER_TABLE",
     "PROTOCOLS",
     "BadRecordError",
     "PostgresAtLeastOnceSink",

@@ -2,11 +2,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from oncekit.core.crash import CRASH_EXIT_CODE, arm, fired
+from oncekit.core.crash import CRASH_EXIT_CODE, arm, fired, fired_at, release
 from oncekit.core.errors import ConfigError
 
 PROGRAM = "from oncekit.core.crash import crash_point; crash_point('mid_commit', {batch}); print('survived')"
@@ -36,3 +37,19 @@ def test_crash_point_unarmed_does_nothing(tmp_path: Path) -> None:
 def test_arm_unknown_point_is_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="unknown crash point"):
         arm(tmp_path, "nowhere")
+
+
+def test_crash_point_armed_to_hold_waits_for_release(tmp_path: Path) -> None:
+    arm(tmp_path, "mid_commit", batch_id=3, hold=True)
+    env = {"PATH": "/usr/bin:/bin", "ONCEKIT_CRASH_DIR": str(tmp_path)}
+    held = subprocess.Popen([sys.executable, "-c", PROGRAM.format(batch=3)], env=env, stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while fired_at(tmp_path, "mid_commit") in (None, {"batch": None, "partition": None, "pid": None}):
+        assert time.monotonic() < deadline and held.poll() is None
+        time.sleep(0.05)
+    assert fired_at(tmp_path, "mid_commit") == {"batch": 3, "partition": None, "pid": held.pid}
+    time.sleep(0.3)
+    assert held.poll() is None  # still holding
+    release(tmp_path, "mid_commit")
+    assert held.communicate(timeout=60)[0].strip() == "survived"
+    assert not list(tmp_path.glob("*.release"))
