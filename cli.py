@@ -56,13 +56,15 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 def _pipeline(args: argparse.Namespace) -> int:
     from oncekit.reference import commands
 
-    return commands.run_pipeline(args.config, _overrides(args), args.from_savepoint, ui_port=args.ui)
+    return commands.run_pipeline(args.config, _overrides(args), args.from_savepoint, ui_port=args.ui,
+                                 state_partitions=args.state_partitions)
 
 
 def _savepoint(args: argparse.Namespace) -> int:
     from oncekit.reference import commands
 
-    return commands.savepoint(args.action, args.name, args.dir, args.timeout, args.config, _overrides(args))
+    return commands.savepoint(args.action, args.name, args.dir, args.timeout, args.config, _overrides(args),
+                              args.state_partitions)
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -80,6 +82,10 @@ def _doctor(args: argparse.Namespace) -> int:
     return doctor.main(args.config, _overrides(args))
 
 
+STATE_PARTITIONS_HELP = ("restore: rescale the state to N partitions through Spark's offline repartitioning "
+                         "(default: the savepoint's)")
+
+
 def _add_pipeline_commands(commands: Any) -> None:
     """``pipeline run``, ``savepoint create|list|restore|delete``, ``doctor`` and ``status``.
 
@@ -95,6 +101,7 @@ parse their flags here and make one call into :mod:`oncekit.reference` or :mod:`
     run = commands.add_parser("pipeline", help="run the reference pipeline under its restart strategy")
     run.add_argument("action", choices=["run"])
     run.add_argument("--from-savepoint", help="a savepoint folder to start from (the checkpoint location must be new)")
+    run.add_argument("--state-partitions", type=int, metavar="N", help=STATE_PARTITIONS_HELP)
     run.add_argument("--ui", type=int, metavar="PORT", help="serve the status page and /metrics on this port while it runs")
     config_flags(run)
     run.set_defaults(run=_pipeline)
@@ -102,7 +109,8 @@ parse their flags here and make one call into :mod:`oncekit.reference` or :mod:`
     saving = commands.add_parser("savepoint", help="create, list, restore or delete savepoints of the pipeline")
     saving.add_argument("action", choices=["create", "list", "restore", "delete"])
     saving.add_argument("name", nargs="?", help="savepoint name (create: default a timestamp)")
-    saving.add_argument("--dir", default=".oncekit/savepoints", help="where savepoints live")
+    saving.add_argument("--dir", default=".oncekit/savepoints", help="where savepoints live (a path or a URI)")
+    saving.add_argument("--state-partitions", type=int, metavar="N", help=STATE_PARTITIONS_HELP)
     saving.add_argument("--timeout", type=float, default=300.0, help="create: how long to wait for a running pipeline")
     config_flags(saving)
     saving.set_defaults(run=_savepoint)

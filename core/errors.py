@@ -56,6 +56,11 @@ class SavepointError(OncekitError):
     what to do."""
 
 
+class StateRescaleError(SavepointError):
+    """Spark cannot repartition a restored query's state to the number of state partitions
+    asked for; the message names the query, the operator and what to do instead."""
+
+
 class PipelineError(OncekitError):
     """A query of the reference pipeline failed; ``__cause__`` is Spark's error."""
 

@@ -4,7 +4,7 @@ to, to start the same pipeline again from them later, in a new checkpoint locati
 A savepoint is a folder::
 
     <savepoints>/<name>/savepoint.json     name, time, versions, and per query: sink id,
-                                           fingerprint, last committed batch
+                                           fingerprint, last committed batch, state partitions
     <savepoints>/<name>/<query>/...        the query's checkpoint: offsets, commits, state,
                                            sources, metadata, and the kit's journal (oncekit/)
 
@@ -12,9 +12,20 @@ A savepoint is a folder::
 stops them at a batch boundary first). A batch that was planned but not committed is kept, so
 that a restore re-runs it as a restart would; journal entries of such a batch are left out,
 since what they name (prepared transactions, staged files) belongs to the original location.
+Journal entries of committed batches stay, with their staged files: a write-ahead-log batch
+whose checkpoint completed but whose rows were not yet published is published by the restored
+pipeline's recovery.
+
+Savepoints are relocatable: Spark's logs and state and the kit's journal hold paths relative to
+the checkpoint (staged files are named relative to their sink's staging folder), so a savepoint
+can be copied to another folder or file system and restored from there. Every location here is
+a path or a URI that :func:`oncekit.core.storage.filesystem` reaches (local, HDFS, S3), and
+copies go through pyarrow's filesystems.
+
 :func:`restore` refuses, with :class:`SavepointError`, a savepoint whose queries, sink ids or
 fingerprints differ from the pipeline's, and never writes into a checkpoint location in use.
-A running pipeline is asked to stop with a savepoint through :mod:`oncekit.core.savepoint_stop`.
+Rescaling the restored state is Spark's (``oncekit.core.spark.state``); a running pipeline is
+asked to stop with a savepoint through :mod:`oncekit.core.savepoint_stop`.
 """
 
 from __future__ import annotations
@@ -23,15 +34,17 @@ import json
 import logging
 import platform
 import re
-import shutil
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from pyarrow.fs import FileType, copy_files
+
 from oncekit.core.errors import SavepointError
 from oncekit.core.journal import Journal
 from oncekit.core.spark_log import SparkLog
+from oncekit.core.storage import filesystem, list_names, read_bytes, write_atomically
 
 __all__ = ["METADATA", "SavedQuery", "Savepoint", "SavepointError", "check_compatible", "create", "delete",
            "list_savepoints", "load", "restore"]
@@ -44,17 +57,19 @@ _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
 
 @dataclass(frozen=True)
 class SavedQuery:
-    """One query in a savepoint."""
+    """One query in a savepoint: ``batch_id`` is its last committed batch, ``state_partitions``
+    the number of partitions of its state (None in savepoints older than the field)."""
 
     name: str
     sink_id: str
     fingerprint: str
     batch_id: int | None
+    state_partitions: int | None = None
 
 
 @dataclass(frozen=True)
 class Savepoint:
-    """A savepoint's metadata (``savepoint.json``) and where it is."""
+    """A savepoint's metadata (``savepoint.json``) and where it is (a path or a URI)."""
 
     name: str
     path: str
@@ -63,8 +78,28 @@ class Savepoint:
     versions: Mapping[str, str]
 
     def describe(self) -> str:
-        batches = ", ".join(f"{q.name}@{q.batch_id}" for q in self.queries)
+        batches = ", ".join(f"{q.name}@{q.batch_id}" + (f" ({q.state_partitions} state partitions)"
+                                                         if q.state_partitions else "") for q in self.queries)
         return f"{self.name}  {self.created_at}  {batches}"
+
+
+def _location(place: str | Path) -> str:
+    """A path or URI as :mod:`oncekit.core.storage` takes it: local paths made absolute."""
+    text = str(place)
+    return text.rstrip("/") if "://" in text or text.startswith("file:") else str(Path(text).absolute())
+
+
+def _exists(location: str) -> bool:
+    fs, path = filesystem(location)
+    return bool(fs.get_file_info(path).type != FileType.NotFound)
+
+
+def _copy(source: str, destination: str) -> None:
+    """Copy the folder ``source`` to ``destination``, across filesystems (local to HDFS...)."""
+    source_fs, source_path = filesystem(source)
+    destination_fs, destination_path = filesystem(destination)
+    destination_fs.create_dir(destination_path, recursive=True)
+    copy_files(source_path, destination_path, source_filesystem=source_fs, destination_filesystem=destination_fs)
 
 
 def _versions() -> dict[str, str]:
@@ -86,57 +121,57 @@ def create(checkpoint_root: str | Path, into: str | Path, name: str,
     Called by ``ReferencePipeline.savepoint`` and ``oncekit savepoint create``."""
     if not _NAME.match(name):
         raise SavepointError(f"savepoint name {name!r} may hold only letters, digits, '_', '.', '-'")
-    target = Path(into) / name
-    if target.exists():
-        raise SavepointError(f"savepoint {name} already exists in {into}; pick another name or delete it")
+    root, folder = _location(checkpoint_root), _location(into)
+    target = f"{folder}/{name}"
+    if _exists(target):
+        raise SavepointError(f"savepoint {name} already exists in {folder}; pick another name or delete it")
     saved = []
     for query, identity in queries.items():
-        source = Path(checkpoint_root) / query
-        spark_log = SparkLog(str(source.absolute()))
+        spark_log = SparkLog(f"{root}/{query}")
         if not spark_log.exists():
-            raise SavepointError(f"query {query} has no checkpoint at {source}; run the pipeline before a savepoint")
-        latest = spark_log.latest_completed()
-        saved.append(SavedQuery(query, identity["sink_id"], identity["fingerprint"], latest))
-    staging = Path(into) / f".{name}.partial"
-    shutil.rmtree(staging, ignore_errors=True)
+            raise SavepointError(f"query {query} has no checkpoint at {root}/{query}; run the pipeline before a savepoint")
+        saved.append(SavedQuery(query, identity["sink_id"], identity["fingerprint"], spark_log.latest_completed(),
+                                spark_log.state_partitions()))
+    staging = f"{folder}/.{name}.partial"
+    fs, staging_path = filesystem(staging)
+    fs.delete_dir_contents(staging_path, missing_dir_ok=True)
     for query, identity in queries.items():
-        shutil.copytree(Path(checkpoint_root) / query, staging / query)
-        _drop_uncommitted_journal(staging / query, identity["sink_id"])
-    savepoint = Savepoint(name, str(target.absolute()), datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                          tuple(saved), _versions())
-    payload = {**asdict(savepoint), "queries": [asdict(q) for q in saved]}
-    payload.pop("path")
-    (staging / METADATA).write_text(json.dumps(payload, indent=2))
-    staging.rename(target)  # the savepoint appears whole or not at all
+        _copy(f"{root}/{query}", f"{staging}/{query}")
+        _drop_uncommitted_journal(f"{staging}/{query}", identity["sink_id"])
+    created_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    payload = {"name": name, "created_at": created_at, "queries": [asdict(q) for q in saved], "versions": _versions()}
+    write_atomically(fs, f"{staging_path}/{METADATA}", json.dumps(payload, indent=2).encode())
+    fs.move(staging_path, filesystem(target)[1])  # the savepoint appears whole or not at all
     logger.info("savepoint %s created at %s", name, target)
-    return Savepoint(savepoint.name, str(target.absolute()), savepoint.created_at, savepoint.queries, savepoint.versions)
+    return load(target)
 
 
-def _drop_uncommitted_journal(checkpoint: Path, sink_id: str) -> None:
-    location = str(checkpoint.absolute())
-    committed = SparkLog(location).completed()
-    journal = Journal(location, sink_id)
+def _drop_uncommitted_journal(checkpoint: str, sink_id: str) -> None:
+    committed = SparkLog(checkpoint).completed()
+    journal = Journal(checkpoint, sink_id)
     journaled, done = journal.entries()
     for batch_id in sorted((journaled | done) - committed):
         journal.delete(batch_id)
 
 
 def load(path: str | Path) -> Savepoint:
-    """The savepoint at ``path`` (a folder holding ``savepoint.json``)."""
-    metadata = Path(path) / METADATA
-    if not metadata.is_file():
-        raise SavepointError(f"no savepoint at {path} (no {METADATA})")
-    payload = json.loads(metadata.read_text())
-    return Savepoint(payload["name"], str(Path(path).absolute()), payload["created_at"],
+    """The savepoint at ``path`` (a folder holding ``savepoint.json``; a path or a URI)."""
+    location = _location(path)
+    fs, folder = filesystem(location)
+    try:
+        payload = json.loads(read_bytes(fs, f"{folder}/{METADATA}"))
+    except FileNotFoundError:
+        raise SavepointError(f"no savepoint at {path} (no {METADATA})") from None
+    return Savepoint(payload["name"], location, payload["created_at"],
                      tuple(SavedQuery(**q) for q in payload["queries"]), payload.get("versions", {}))
 
 
 def list_savepoints(directory: str | Path) -> list[Savepoint]:
     """Every savepoint in ``directory``, oldest first."""
-    folder = Path(directory)
-    if not folder.is_dir():
-        return []
-    found = [load(p) for p in folder.iterdir() if (p / METADATA).is_file()]
+    folder = _location(directory)
+    fs, path = filesystem(folder)
+    found = [load(f"{folder}/{name}") for name in list_names(fs, path)
+             if not name.startswith(".") and _exists(f"{folder}/{name}/{METADATA}")]
     return sorted(found, key=lambda s: s.created_at)
 
 
@@ -162,20 +197,22 @@ def check_compatible(savepoint: Savepoint, queries: Mapping[str, Mapping[str, st
 def restore(path: str | Path, checkpoint_root: str | Path, queries: Mapping[str, Mapping[str, str]]) -> Savepoint:
     """Check the savepoint at ``path`` against ``queries`` and copy it into the new checkpoint
     location ``checkpoint_root``, which must not exist or be empty; the pipeline then starts from
-    there. Called by ``oncekit savepoint restore`` and ``ReferencePipeline.restore``."""
+    there with the savepoint's state partitions. Called by ``ReferencePipeline.restore`` (which
+    rescales the state afterwards when asked) and through it by ``oncekit savepoint restore``."""
     savepoint = load(path)
     check_compatible(savepoint, queries)
-    root = Path(checkpoint_root)
-    if root.exists() and any(root.iterdir()):
+    root = _location(checkpoint_root)
+    fs, root_path = filesystem(root)
+    if list_names(fs, root_path):
         raise SavepointError(f"checkpoint location {root} is not empty; restore into a new location")
-    root.mkdir(parents=True, exist_ok=True)
     for query in savepoint.queries:
-        shutil.copytree(Path(path) / query.name, root / query.name)
+        _copy(f"{savepoint.path}/{query.name}", f"{root}/{query.name}")
     logger.info("savepoint %s restored into %s", savepoint.name, root)
     return savepoint
 
 
 def delete(path: str | Path) -> None:
     """Remove the savepoint at ``path``."""
-    load(path)  # refuse to delete a folder that is not a savepoint
-    shutil.rmtree(path)
+    savepoint = load(path)  # refuse to delete a folder that is not a savepoint
+    fs, folder = filesystem(savepoint.path)
+    fs.delete_dir(folder)

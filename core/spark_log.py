@@ -66,6 +66,17 @@ class SparkLog:
                 out.append(None)
         return out
 
+    def state_partitions(self, batch_id: int | None = None) -> int | None:
+        """How many partitions the query's state has at ``batch_id`` (default the latest planned
+        batch): the shuffle partitions Spark fixed at the query's first batch and keeps in every
+        offset log entry (only an offline repartition changes it). None before the first batch."""
+        batch_id = self.latest_planned() if batch_id is None else batch_id
+        if batch_id is None:
+            return None
+        header = read_bytes(self.fs, f"{self.root}/offsets/{batch_id}").decode().splitlines()[1]
+        partitions = json.loads(header).get("conf", {}).get("spark.sql.shuffle.partitions")
+        return int(partitions) if partitions is not None else None
+
     def records_read(self) -> int:
         """Offsets consumed by the committed batches, summed over every source partition (the
         end offsets of the latest completed batch); 0 before the first."""

@@ -13,7 +13,6 @@ import sys
 from collections.abc import Mapping
 from contextlib import ExitStack
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from oncekit.connectors.kafka import KafkaConfig, create_topic
@@ -31,14 +30,15 @@ if TYPE_CHECKING:
 
 
 def run_pipeline(config_path: str | None, overrides: Mapping[str, Any], from_savepoint: str | None = None,
-                 ui_port: int | None = None) -> int:
+                 ui_port: int | None = None, state_partitions: int | None = None) -> int:
     """``oncekit pipeline run``: run the pipeline under its restart strategy (from a savepoint, if
-    given) until it drains the topic, fails for good, or is asked to stop with a savepoint. With
-    ``ui_port``, the status page serves on that port while it runs."""
+    given, its state rescaled to ``state_partitions`` if given) until it drains the topic, fails
+    for good, or is asked to stop with a savepoint. With ``ui_port``, the status page serves on
+    that port while it runs."""
     pipeline = ReferencePipeline(load_with_services(config_path, overrides))
     spark = spark_session("oncekit-pipeline")
     if from_savepoint:
-        restored = pipeline.restore(spark, from_savepoint)
+        restored = pipeline.restore(spark, from_savepoint, state_partitions)
         print(f"restored savepoint {restored.name} into {pipeline.checkpoint}")
     pipeline.prepare()
     with ExitStack() as stack, StopRequests(pipeline.checkpoint) as requests:
@@ -66,13 +66,16 @@ def status_page(pipeline: ReferencePipeline, port: int, out: IO[str] = sys.stdou
 
 
 def savepoint(action: str, name: str | None, into: str, timeout_s: float, config_path: str | None,
-              overrides: Mapping[str, Any]) -> int:
-    """``oncekit savepoint create|list|restore|delete`` for savepoints in the folder ``into``.
+              overrides: Mapping[str, Any], state_partitions: int | None = None) -> int:
+    """``oncekit savepoint create|list|restore|delete`` for savepoints in the folder ``into`` (a
+    path or a URI such as ``hdfs://...``).
 
     ``create`` asks a running pipeline to stop with the savepoint and waits up to ``timeout_s``
     for it; with no pipeline running, it copies the checkpoints itself. ``name`` defaults to a
-    timestamp for ``create`` and is required by ``restore`` and ``delete``."""
-    folder = Path(into)
+    timestamp for ``create`` and is required by ``restore`` and ``delete``. ``restore`` copies
+    into the configured checkpoint location (``--checkpoint``), rescaling the state to
+    ``state_partitions`` if given."""
+    folder = into.rstrip("/")
     if action == "list":
         for found in savepoints.list_savepoints(folder):
             print(found.describe())
@@ -80,13 +83,14 @@ def savepoint(action: str, name: str | None, into: str, timeout_s: float, config
     if action in ("restore", "delete") and not name:
         raise ConfigError(f"savepoint {action}: give the savepoint's name (oncekit savepoint list shows them)")
     if action == "delete":
-        savepoints.delete(folder / str(name))
+        savepoints.delete(f"{folder}/{name}")
         print(f"deleted savepoint {name}")
         return 0
     pipeline = ReferencePipeline(load_with_services(config_path, overrides))
     if action == "restore":
-        restored = pipeline.restore(spark_session("oncekit-savepoint"), str(folder / str(name)))
-        print(f"restored {restored.name} into {pipeline.checkpoint}; start it with: oncekit pipeline run "
+        restored = pipeline.restore(spark_session("oncekit-savepoint"), f"{folder}/{name}", state_partitions)
+        scale = f" with {state_partitions} state partitions" if state_partitions else ""
+        print(f"restored {restored.name} into {pipeline.checkpoint}{scale}; start it with: oncekit pipeline run "
               f"--checkpoint {pipeline.checkpoint}")
         return 0
     name = name or datetime.now(timezone.utc).strftime("savepoint-%Y%m%dT%H%M%SZ")

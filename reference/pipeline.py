@@ -37,10 +37,11 @@ from psycopg import sql
 from oncekit.connectors.kafka import KafkaConfig, create_topic
 from oncekit.connectors.postgres import connect
 from oncekit.core import savepoint as savepoints
-from oncekit.core.errors import ConfigError, PipelineError
+from oncekit.core.errors import ConfigError, PipelineError, SavepointError
 from oncekit.core.restart import supervise
 from oncekit.core.fanout import FanOutConfig, fan_out
 from oncekit.core.savepoint import Savepoint
+from oncekit.core.spark_log import SparkLog
 from oncekit.reference import outputs
 from oncekit.reference.config import PipelineConfig
 from oncekit.sinks.kafka import kafka_sink
@@ -348,10 +349,43 @@ class ReferencePipeline:
         self.stop_at_batch_boundary()
         return savepoints.create(self.checkpoint, into, name, self.fingerprints(spark))
 
-    def restore(self, spark: SparkSession, savepoint_path: str) -> Savepoint:
+    def restore(self, spark: SparkSession, savepoint_path: str, state_partitions: int | None = None) -> Savepoint:
         """Copy the savepoint into this pipeline's (new, empty) checkpoint location after
-        checking that its queries, sink ids and fingerprints are this pipeline's."""
-        return savepoints.restore(savepoint_path, self.checkpoint, self.fingerprints(spark))
+        checking that its queries, sink ids and fingerprints are this pipeline's. The state
+        keeps the savepoint's partitions, or with ``state_partitions`` is rescaled to that many
+        by Spark's offline repartitioning (:func:`oncekit.core.spark.state.repartition_state`;
+        StateRescaleError names an operator Spark cannot rescale). Called by ``oncekit savepoint
+        restore``, ``oncekit pipeline run --from-savepoint`` and tests."""
+        from oncekit.core.spark.state import repartition_state
+
+        saved = savepoints.restore(savepoint_path, self.checkpoint, self.fingerprints(spark))
+        if state_partitions is None or all(q.state_partitions == state_partitions for q in saved.queries):
+            return saved
+        self.finish_planned_batches(spark)
+        for query in saved.queries:
+            repartition_state(spark, f"{self.checkpoint}/{query.name}", state_partitions, query.name)
+        return saved
+
+    def finish_planned_batches(self, spark: SparkSession, attempts: int = 3) -> None:
+        """Run the queries until every batch in their offset logs has committed (Spark
+        repartitions state only after a committed batch; a savepoint keeps a batch that was
+        planned when its queries stopped). The run is this pipeline's own, exactly once like any
+        other; it may go on to a few more batches before it stops at a batch boundary."""
+        def pending() -> list[str]:
+            logs = {name: SparkLog(f"{self.checkpoint}/{name}") for name in QUERIES}
+            return [name for name, log in logs.items() if log.latest_planned() != log.latest_completed()]
+
+        for _ in range(attempts):
+            waiting = pending()
+            if not waiting:
+                return
+            logger.info("queries %s: running the batch planned before the savepoint before rescaling", waiting)
+            wanted = {name: SparkLog(f"{self.checkpoint}/{name}").latest_planned() for name in waiting}
+            self.run(spark, should_stop=lambda: all(
+                wanted[name] in SparkLog(f"{self.checkpoint}/{name}").completed() for name in waiting))
+        if pending():
+            raise SavepointError(f"queries {', '.join(pending())} at {self.checkpoint}: a planned batch did not commit "
+                                 f"in {attempts} runs; run the pipeline from there, stop it, then rescale a new savepoint")
 
     # -- progress ------------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from oncekit.sources.kafka import (
     KafkaSourceOptions,
     Offsets,
     _resolve,
+    check_partitions,
     starting_offsets,
     watermarks,
 )
@@ -105,7 +106,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         latest: Offsets = {}
-        for (topic, partition), (_, high) in watermarks(self.options).items():
+        marks = watermarks(self.options)
+        check_partitions(self.options, start, marks)
+        for (topic, partition), (_, high) in marks.items():
             stop = (self._available_now or {}).get(topic, {}).get(str(partition), high)
             latest.setdefault(topic, {})[str(partition)] = min(high, stop)
         if isinstance(limit, ReadMaxRows):

@@ -268,6 +268,27 @@ def watermarks(options: KafkaSourceOptions) -> dict[tuple[str, int], tuple[int, 
         return out
 
 
+def check_partitions(options: KafkaSourceOptions, start: Offsets, marks: Mapping[tuple[str, int], tuple[int, int]]) -> None:
+    """Refuse to plan a batch when a partition the checkpoint has read from is gone (a topic
+    deleted and recreated with fewer partitions, or a savepoint restored against another
+    cluster): its unread records, and where the rest of the topic stands, are no longer known.
+    Partitions added since are read from offset 0 (in :func:`_ranges`). Called by the
+    driver-side reader when it plans a batch; a warning only with ``failOnDataLoss=false``."""
+    gone = sorted((topic, int(partition)) for topic, partitions in start.items() for partition in partitions
+                  if (topic, int(partition)) not in marks)
+    if not gone:
+        return
+    topics = sorted({topic for topic, _ in gone})
+    now = {topic: sum(1 for t, _ in marks if t == topic) for topic in topics}
+    lost = "; ".join(f"topic {topic} has {now[topic]} partitions, the checkpoint read from partitions "
+                     f"{', '.join(str(p) for t, p in gone if t == topic)} beyond them" for topic in topics)
+    if options.fail_on_data_loss:
+        raise DataLossError(f"{FORMAT}: {lost}. Fewer partitions than the checkpoint knows cannot continue "
+                            f"exactly once; restore into a topic with at least as many partitions, or start "
+                            f"a new checkpoint (failOnDataLoss=false skips them)")
+    logger.warning("%s: %s; skipped", FORMAT, lost)
+
+
 def kafka_stream(
     spark: SparkSession,
     bootstrap_servers: str,

@@ -66,3 +66,19 @@ def test_parse_pattern_instead_of_topics() -> None:
 def test_parse_subscription_and_timestamp_errors(extra: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         KafkaSourceOptions.parse({"kafka.bootstrap.servers": "b:1", **extra})
+
+
+def test_partitions_added_are_read_from_zero_and_fewer_are_refused() -> None:
+    from oncekit.sources._spark_kafka import _ranges
+    from oncekit.sources.kafka import DataLossError, check_partitions
+
+    options = KafkaSourceOptions.parse({"kafka.bootstrap.servers": "b:9092", "subscribe": "payments"})
+    start = {"payments": {"0": 5, "1": 7}}
+    grown = {("payments", 0): (0, 9), ("payments", 1): (0, 7), ("payments", 2): (0, 4)}
+    check_partitions(options, start, grown)
+    assert [(r.partition, r.start, r.end) for r in _ranges(start, {"payments": {"0": 9, "1": 7, "2": 4}})] == [
+        (0, 5, 9), (2, 0, 4)]
+    with pytest.raises(DataLossError, match="topic payments has 1 partitions, the checkpoint read from partitions 1 beyond"):
+        check_partitions(options, start, {("payments", 0): (0, 9)})
+    lenient = KafkaSourceOptions.parse({"kafka.bootstrap.servers": "b:9092", "subscribe": "payments", "failOnDataLoss": "false"})
+    check_partitions(lenient, start, {("payments", 0): (0, 9)})

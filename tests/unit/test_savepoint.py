@@ -12,13 +12,16 @@ QUERIES = {"balances": {"sink_id": "balances", "fingerprint": "aaaa"},
            "late_events": {"sink_id": "late-events", "fingerprint": "bbbb"}}
 
 
+OFFSET_LOG = 'v1\n{"batchWatermarkMs":0,"conf":{"spark.sql.shuffle.partitions":"3"}}\n{"payments":{"0":10}}'
+
+
 def fake_checkpoint(root: Path) -> Path:
     """Two queries; balances committed batches 0 and 1 and planned 2 (journaled, not committed)."""
     for query in QUERIES:
         for folder, batches in (("offsets", (0, 1, 2)), ("commits", (0, 1))):
             (root / query / folder).mkdir(parents=True)
             for batch in batches:
-                (root / query / folder / str(batch)).write_text("v1")
+                (root / query / folder / str(batch)).write_text(OFFSET_LOG if folder == "offsets" else "v1")
         journal = root / query / "oncekit" / QUERIES[query]["sink_id"] / "journal"
         journal.mkdir(parents=True)
         for name in ("1.json", "1.done", "2.json"):
@@ -30,6 +33,7 @@ def fake_checkpoint(root: Path) -> Path:
 def test_savepoint_create_copies_checkpoints_without_uncommitted_journal(tmp_path: Path) -> None:
     saved = create(fake_checkpoint(tmp_path / "cp"), tmp_path / "sp", "first", QUERIES)
     assert {q.name: q.batch_id for q in saved.queries} == {"balances": 1, "late_events": 1}
+    assert {q.state_partitions for q in saved.queries} == {3}
     journal = Path(saved.path) / "balances" / "oncekit" / "balances" / "journal"
     assert sorted(p.name for p in journal.iterdir()) == ["1.done", "1.json"]
     assert (Path(saved.path) / "balances" / "offsets" / "2").exists()  # re-run on restore, like a restart
@@ -64,3 +68,47 @@ def test_savepoint_restore_mismatch_is_refused(tmp_path: Path, changed: dict[str
 def test_savepoint_of_a_pipeline_that_never_ran_is_refused(tmp_path: Path) -> None:
     with pytest.raises(SavepointError, match="no checkpoint"):
         create(tmp_path / "nothing", tmp_path / "sp", "first", QUERIES)
+
+
+def test_savepoint_copied_to_another_root_restores_with_journal_and_staged_files(tmp_path: Path) -> None:
+    from pyarrow.fs import LocalFileSystem, copy_files
+
+    checkpoint = fake_checkpoint(tmp_path / "cp")
+    staged = checkpoint / "balances" / "oncekit" / "balances" / "staged" / "1"
+    staged.mkdir(parents=True)
+    (staged / "0-7.arrow").write_bytes(b"rows")
+    saved = create(checkpoint, tmp_path / "a", "moved", QUERIES)
+    LocalFileSystem().create_dir(str(tmp_path / "b" / "moved"))
+    copy_files(saved.path, str(tmp_path / "b" / "moved"))
+    delete(saved.path)
+
+    restored = restore(f"file://{tmp_path / 'b' / 'moved'}", f"file://{tmp_path / 'new'}", QUERIES)
+    assert restored.path == f"file://{tmp_path / 'b' / 'moved'}"
+    sink = tmp_path / "new" / "balances" / "oncekit" / "balances"
+    assert (sink / "staged" / "1" / "0-7.arrow").read_bytes() == b"rows"
+    assert sorted(p.name for p in (sink / "journal").iterdir()) == ["1.done", "1.json"]
+    assert [s.name for s in list_savepoints(f"file://{tmp_path / 'b'}")] == ["moved"]
+
+
+class _Refusing:
+    """A session whose checkpoint manager refuses as Spark does for an operator it cannot rescale."""
+
+    class _streamingCheckpointManager:  # noqa: N801  (Spark's attribute name)
+        @staticmethod
+        def repartition(location: str, partitions: int) -> None:
+            raise RuntimeError("An error occurred while calling o83.repartition.\n: org.apache.spark.sql.execution."
+                               "streaming.state.StateRepartitionUnsupportedStatefulOperatorError: "
+                               "[STATE_REPARTITION_INVALID_CHECKPOINT.UNSUPPORTED_STATEFUL_OPERATOR] The provided "
+                               "checkpoint location '' is in an invalid state. Unsupported stateful operator "
+                               "streamingLimit. Please use a checkpoint with supported stateful operators.")
+
+
+def test_state_rescale_refused_by_spark_names_query_operator_and_what_to_do(tmp_path: Path) -> None:
+    from oncekit.core.errors import StateRescaleError
+    from oncekit.core.spark.state import repartition_state
+
+    checkpoint = fake_checkpoint(tmp_path / "cp") / "balances"
+    assert repartition_state(_Refusing(), str(checkpoint), 3, "balances") is False  # type: ignore[arg-type]
+    with pytest.raises(StateRescaleError, match=r"query balances: .* from 3 to 4 partitions: UNSUPPORTED_STATEFUL_OPERATOR "
+                                                r"\(operator streamingLimit\); .*restore without state partitions"):
+        repartition_state(_Refusing(), str(checkpoint), 4, "balances")  # type: ignore[arg-type]
