@@ -35,7 +35,7 @@ def _verify(args: argparse.Namespace) -> int:
         return command.soak(args.pipeline or "fan-out-postgres-kafka-wal", args.soak, args.seed, args.backend,
                             args.rate, args.fault_every, args.sample_every, args.json)
     return command.main(args.pipeline or "postgres-two-phase-commit", args.faults, args.seed, args.guarantee,
-                        args.backend, args.duplicates, args.malformed, args.late, args.json)
+                        args.backend, args.duplicates, args.malformed, args.late, args.json, args.brokers)
 
 
 def _produce(args: argparse.Namespace) -> int:
@@ -184,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--seed", type=int, default=1)
     check.add_argument("--backend", choices=BACKENDS, default="auto")
     check.add_argument("--json", help="write the results to this file")
+    check.add_argument("--brokers", type=int, default=1,
+                       help="Kafka brokers: 1, or 3 (a replicated cluster; the faults then include one broker's)")
     check.add_argument("--soak", metavar="DURATION", help="instead of --faults: run this long (30m, 2h) at a steady "
                        "input rate with a fault every --fault-every seconds, printing what must stay bounded")
     check.add_argument("--rate", type=float, default=20.0, help="--soak: input records per second")

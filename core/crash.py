@@ -38,6 +38,12 @@ POINTS = (
     "mid_commit",              # committing a checkpoint, after some but not all of it
 )
 
+SERVICE_POINTS = (
+    "kafka_commit",            # a Kafka sink, its transaction's marker and records sent, before it commits
+)
+"""Points inside a sink's exchange with its service, where a service fault hits (armed to hold
+while the harness breaks the service); random schedules draw only from :data:`POINTS`."""
+
 _DIRECTORY = os.environ.get(CRASH_DIR_ENV) or None
 
 
@@ -76,8 +82,8 @@ def arm(directory: str | Path, name: str, batch_id: int | None = None, partition
         hold: bool = False) -> None:
     """Test helper: arm ``name`` to fire once at ``batch_id`` (any batch if None): exit there,
     or with ``hold`` wait there until :func:`release`."""
-    if name not in POINTS:
-        raise ConfigError(f"unknown crash point {name!r}; known: {', '.join(POINTS)}")
+    if name not in POINTS + SERVICE_POINTS:
+        raise ConfigError(f"unknown crash point {name!r}; known: {', '.join(POINTS + SERVICE_POINTS)}")
     Path(directory).mkdir(parents=True, exist_ok=True)
     for stale in (f"{name}.fired", f"{name}.release"):  # an earlier firing is not this one's
         (Path(directory) / stale).unlink(missing_ok=True)

@@ -22,6 +22,12 @@ class ServiceError(OncekitError):
     reached or controlled; the message says in one line what is missing."""
 
 
+class AccessError(ServiceError):
+    """A service refused the kit's credentials, or its certificate is not one the kit trusts:
+    waiting does not help, so nothing retries it. The message names the service and what it
+    said, never the secret."""
+
+
 class CommitError(OncekitError):
     """A committable could not be committed and was not committed before (for example, a
     prepared transaction vanished without its marker: someone rolled it back)."""
@@ -37,6 +43,11 @@ class RecordError(OncekitError):
 
 class NonDeterministicReplayError(OncekitError):
     """A replayed batch would write other records than the committed attempt wrote."""
+
+
+class TaskInputCutError(OncekitError):
+    """Spark stopped sending a task's input before its end (the task was killed, or what fed it
+    failed); the task commits nothing and Spark's retry or the query's restart replays it."""
 
 
 class DataLossError(OncekitError):

@@ -42,6 +42,7 @@ class KafkaTransaction:
     timeout_ms: int
     age_s: float
     partitions: tuple[str, ...]  # "topic-partition", as Kafka prints a TopicPartition
+    coordinator: int | None = None  # node id of the broker that coordinates the transaction
 
     def topics(self) -> set[str]:
         return {p.rsplit("-", 1)[0] for p in self.partitions}
@@ -112,8 +113,9 @@ class _Tool:
 def open_transactions(bootstrap_servers: str, client: Mapping[str, Any] | None = None,
                       transactional_ids: Sequence[str] | None = None, timeout_s: float = 30.0) -> list[KafkaTransaction]:
     """Every transaction the cluster's coordinators hold open (Ongoing, PrepareCommit or
-    PrepareAbort), oldest first; ``transactional_ids`` limits it to those ids. Called by the status
-    page's collector on a thread of its own (each call starts a JVM per open transaction, about
+    PrepareAbort), oldest first, each with its coordinator (Kafka's DescribeTransactions);
+    ``transactional_ids`` limits it to those ids. Called by the status page's collector on a
+    thread of its own, and by the campaign to find the coordinator of a transaction it holds open (each call starts a JVM per open transaction, about
     half a second each). Raises :class:`ServiceError` when the broker or the tool fails."""
     tool = _Tool(bootstrap_servers, dict(client or {}), timeout_s)
     listed = [row for row in _table(tool("list")) if row.get("TransactionState") in OPEN_STATES]
@@ -131,5 +133,6 @@ def open_transactions(bootstrap_servers: str, client: Mapping[str, Any] | None =
             found.append(KafkaTransaction(
                 transactional_id=described["TransactionalId"], producer_id=int(described["ProducerId"]) if described.get("ProducerId", "").isdigit() else None,
                 state=described["TransactionState"], timeout_ms=int(described.get("TransactionTimeoutMs") or 0),
-                age_s=age_ms / 1000, partitions=tuple(p for p in described.get("TopicPartitions", "").split(",") if p)))
+                age_s=age_ms / 1000, partitions=tuple(p for p in described.get("TopicPartitions", "").split(",") if p),
+                coordinator=int(described["CoordinatorId"]) if described.get("CoordinatorId", "").isdigit() else None))
     return sorted(found, key=lambda t: -t.age_s)

@@ -28,13 +28,15 @@ from confluent_kafka import KafkaException
 
 from oncekit.connectors import KafkaConfig, Services
 from oncekit.connectors.kafka import create_topic, end_offsets
+from oncekit.connectors.services.spark_cluster import StandaloneCluster
 from oncekit.core.crash import POINTS, arm, disarm, fired_at
 from oncekit.core.errors import ConfigError
 from oncekit.core.spark_log import SparkLog
 from oncekit.verify.checker import GUARANTEES, Verdict, compare
+from oncekit.verify.clusterfaults import ClusterFaults
 from oncekit.verify.driver import DriverProcess
 from oncekit.verify.examples import EXAMPLES, PER_BATCH, PipelineContext, sink_kind
-from oncekit.verify.faults import POSTGRES_FAULTS, Fault, schedule
+from oncekit.verify.faults import CLUSTER_FAULTS, POSTGRES_FAULTS, Fault, schedule
 from oncekit.verify.io import KafkaOutput, Upstream, prepare_target, prepared_transactions, produce_input, table_ids
 from oncekit.verify.pgfaults import PostgresFaults, install_holds
 from oncekit.verify.report import CampaignReport, FaultResult
@@ -51,7 +53,8 @@ class Campaign:
 
     def __init__(self, pipeline: str, services: Services, name: str, work: Path,
                  chunk: int = CHUNK, per_batch: int = PER_BATCH, env: dict[str, str] | None = None,
-                 catch_up_s: float = 240.0, quiet_s: float = 30.0, upstream: Upstream | None = None) -> None:
+                 catch_up_s: float = 240.0, quiet_s: float = 30.0, upstream: Upstream | None = None,
+                 spark_cluster: StandaloneCluster | None = None) -> None:
         self.pipeline, self.services, self.work = pipeline, services, work
         self.kind = sink_kind(pipeline)
         self.kafka = KafkaConfig(services.kafka.bootstrap_servers)
@@ -68,6 +71,8 @@ class Campaign:
         if self.kind != "kafka":
             install_holds(services.postgres.dsn, output)
         self.postgres_faults = PostgresFaults(services.postgres, output, self.crash_dir)
+        self.cluster_faults = ClusterFaults(services.kafka, output if self.kind != "postgres" else topic,
+                                            self.crash_dir, self.spark_log, spark_cluster)
         self.kafka_output = KafkaOutput(self.kafka, output) if self.kind in ("kafka", "fan-out") else None
         self.driver = DriverProcess(pipeline, self.ctx, self.crash_dir, work / "driver.log", env or {})
         self.expected: list[int] = []
@@ -114,6 +119,7 @@ class Campaign:
         self.driver.ensure_running()
         if fault.kind == "crash":  # the next batch, the first to read the chunk produced below
             arm(self.crash_dir, fault.point or "", (self.batch_in_flight() or 0) + 1)
+        self.cluster_faults.before_input(fault)
         self.expected += produce_input(self.kafka, self.ctx.input_topic, self.chunk, first=self.produced,
                                        upstream=self.upstream)
         self.produced += self.chunk
@@ -158,7 +164,8 @@ class Campaign:
         recovery = max(0.0, round(caught_up - start, 1)) if caught_up is not None else float("nan")
         return FaultResult(str(fault), ended is not None, batch, self.query_restarts() - restarts_before,
                            self.driver.restarts - driver_before, recovery,
-                           verdict.name, verdict.summary(3) + self.postgres_faults.note(fault.kind))
+                           verdict.name, verdict.summary(3) + self.postgres_faults.note(fault.kind)
+                           + self.cluster_faults.note(fault.kind))
 
     def batch_committed(self) -> int | None:
         return self.spark_log.latest_completed()
@@ -190,6 +197,9 @@ class Campaign:
         if fault.kind == "kill":
             self.driver.kill()
             return time.monotonic(), batch
+        if fault.kind in CLUSTER_FAULTS:
+            fired = self.cluster_faults.inject(fault)
+            return (time.monotonic() if fired else None), batch
         if fault.kind in POSTGRES_FAULTS:
             fired = self.postgres_faults.inject(fault.kind, fault.outage_s)
             return (time.monotonic() if fired else None), batch
@@ -221,19 +231,24 @@ class Campaign:
 def run_campaign(pipeline: str, services: Services, faults: int | list[Fault], seed: int = 1,
                  guarantee: str | None = None, progress: Callable[[int, int, FaultResult], None] | None = None,
                  chunk: int = CHUNK, per_batch: int = PER_BATCH, env: dict[str, str] | None = None,
-                 work_dir: str | None = None, upstream: Upstream | None = None) -> CampaignReport:
+                 work_dir: str | None = None, upstream: Upstream | None = None,
+                 spark_cluster: StandaloneCluster | None = None) -> CampaignReport:
     """Run ``pipeline`` under ``faults`` (a count drawn from ``seed``, or a given schedule) and
     check every verdict against ``guarantee`` (default: what the example promises, else
-    exactly-once)."""
+    exactly-once). On a Kafka cluster of three brokers or more, a drawn schedule includes the
+    broker faults when the pipeline writes to Kafka; ``spark_cluster`` (the standalone cluster
+    the driver's ``SPARK_MASTER`` in ``env`` names) lets a schedule kill its executors."""
     example = EXAMPLES.get(pipeline)
     guarantee = guarantee or (example.guarantee if example else "exactly-once")
     if guarantee not in GUARANTEES:
         raise ConfigError(f"guarantee {guarantee!r}: choose one of {', '.join(GUARANTEES)}")
     plan = faults if isinstance(faults, list) else schedule(
-        seed, faults, example.points if example else POINTS, network_cuts=services.backend == "containers")
+        seed, faults, example.points if example else POINTS, network_cuts=services.backend == "containers",
+        kafka_cluster=len(services.kafka.brokers) >= 3 and sink_kind(pipeline) != "postgres")
     name = f"{pipeline.replace(':', '-').replace('.', '-')}-{seed}-{time.time_ns() % 10**9}"
     with _work(work_dir) as work:
-        campaign = Campaign(pipeline, services, name, work, chunk, per_batch, env, upstream=upstream)
+        campaign = Campaign(pipeline, services, name, work, chunk, per_batch, env, upstream=upstream,
+                            spark_cluster=spark_cluster)
         results: list[FaultResult] = []
         try:
             for index, fault in enumerate(plan):

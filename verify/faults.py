@@ -16,6 +16,15 @@ POSTGRES_FAULTS = {  # kind: what the table says; injected at a sink step (oncek
     "postgres-restart-batch": "postgres restarted mid-write",
 }
 
+CLUSTER_FAULTS = {  # kind: what the table says; one member of a cluster (oncekit.verify.clusterfaults)
+    "kafka-leader-kill": "kafka kill -9 partition leader",
+    "kafka-coordinator-kill": "kafka kill -9 txn coordinator in commit",
+    "kafka-rolling-restart": "kafka rolling restart of all brokers",
+    "kafka-broker-cut": "kafka partition leader cut off",
+    "spark-executor-kill": "spark kill -9 executor mid-batch",
+}
+KAFKA_CLUSTER_FAULTS = tuple(kind for kind in CLUSTER_FAULTS if kind.startswith("kafka-"))
+
 
 @dataclass(frozen=True)
 class Fault:
@@ -23,7 +32,9 @@ class Fault:
     it), ``kill`` (SIGKILL of the driver ``delay_s`` after the chunk is produced), or
     ``<service>-restart`` / ``<service>-cut`` (stopped, or cut off the network, ``delay_s`` after
     the chunk is produced, for ``outage_s``), or one of :data:`POSTGRES_FAULTS` (at the sink's
-    step, the server down for ``outage_s`` where it goes down)."""
+    step, the server down for ``outage_s`` where it goes down), or one of :data:`CLUSTER_FAULTS`
+    (one broker of a Kafka cluster, down or cut off for ``outage_s``; an executor of a Spark
+    standalone cluster)."""
 
     kind: str
     point: str | None = None
@@ -36,6 +47,9 @@ class Fault:
             return f"crash {self.point}{task}"
         if self.kind == "kill":
             return f"kill -9 driver after {self.delay_s:.1f} s"
+        if self.kind in CLUSTER_FAULTS:
+            timed = self.kind in ("kafka-leader-kill", "kafka-coordinator-kill", "kafka-broker-cut")
+            return CLUSTER_FAULTS[self.kind] + (f" {self.outage_s:.0f} s" if timed else "")
         if self.kind in POSTGRES_FAULTS:
             down = f" {self.outage_s:.0f} s" if self.kind != "postgres-terminate" else ""
             return POSTGRES_FAULTS[self.kind] + down
@@ -44,12 +58,17 @@ class Fault:
         return f"{service} {what} {self.outage_s:.0f} s"
 
 
-def schedule(seed: int, count: int, points: Iterable[str] = POINTS, network_cuts: bool = True) -> list[Fault]:
+def schedule(seed: int, count: int, points: Iterable[str] = POINTS, network_cuts: bool = True,
+             kafka_cluster: bool = False) -> list[Fault]:
     """A reproducible fault schedule: about half crash points, a tenth driver kills, a third
-    service faults (network cuts only where the backend can make them)."""
+    service faults (network cuts only where the backend can make them). With ``kafka_cluster``
+    (three brokers or more, and a sink that writes to Kafka) two service faults in three hit one
+    broker (:data:`KAFKA_CLUSTER_FAULTS`), down or cut off long enough (3-15 s) for the cluster
+    to notice (a broker's session times out after 9 s) or not."""
     rng = random.Random(seed)
     points = tuple(points)
     services = [k for k in SERVICE_FAULTS if network_cuts or not k.endswith("-cut")]
+    brokers = [k for k in KAFKA_CLUSTER_FAULTS if network_cuts or not k.endswith("-cut")] if kafka_cluster else []
     faults = []
     for _ in range(count):
         draw = rng.random()
@@ -57,6 +76,9 @@ def schedule(seed: int, count: int, points: Iterable[str] = POINTS, network_cuts
             faults.append(Fault("crash", point=rng.choice(points)))
         elif draw < 0.65:
             faults.append(Fault("kill", delay_s=round(rng.uniform(0.2, 3.0), 1)))
+        elif brokers and rng.random() < 0.67:
+            faults.append(Fault(rng.choice(brokers), delay_s=round(rng.uniform(0.0, 1.5), 1),
+                                outage_s=round(rng.uniform(3.0, 15.0))))
         else:
             faults.append(Fault(rng.choice(services), delay_s=round(rng.uniform(0.0, 1.5), 1),
                                 outage_s=round(rng.uniform(1.0, 6.0))))

@@ -13,7 +13,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from psycopg import sql
 
 from oncekit.connectors import KafkaConfig, postgres
-from oncekit.connectors.kafka import create_topic
+from oncekit.connectors.kafka import client_log, create_topic
 from oncekit.connectors.postgres import connect
 from oncekit.sinks.postgres._common import CHECKPOINT_TABLE, MARKER_TABLE
 from oncekit.verify.examples import COUNT, EXAMPLES, sink_kind
@@ -55,7 +55,11 @@ def produce_input(kafka: KafkaConfig, topic: str, count: int = COUNT, partitions
     for batch, commit in ((records, True), (aborted, False)):
         producer.begin_transaction()
         for value, partition, timestamp in batch:
-            producer.produce(topic, value=value, partition=partition, timestamp=timestamp or 0)
+            try:
+                producer.produce(topic, value=value, partition=partition, timestamp=timestamp or 0)
+            except BufferError:  # librdkafka's queue is full: let deliveries drain it, then send
+                producer.flush(30)
+                producer.produce(topic, value=value, partition=partition, timestamp=timestamp or 0)
         if commit:
             producer.commit_transaction(30)
         else:
@@ -186,5 +190,6 @@ def marker_groups(kafka: KafkaConfig, target: str) -> int:
     """Consumer groups of the kit's Kafka sinks whose id names ``target`` (their batch markers)."""
     from confluent_kafka.admin import AdminClient
 
-    listed = AdminClient(kafka.settings()).list_consumer_groups(request_timeout=30).result()
+    admin = AdminClient(kafka.settings(logger=client_log(__name__ + ".librdkafka")))
+    listed = admin.list_consumer_groups(request_timeout=30).result()
     return sum(1 for group in listed.valid if group.group_id.startswith("oncekit-") and target in group.group_id)

@@ -69,6 +69,24 @@ class StandaloneCluster:
         logger.info("spark standalone cluster up at %s (%s cores)", self.url, self.cores)
         return self.url
 
+    def executor_pids(self) -> list[int]:
+        """The executor JVMs the worker runs now, for faults that kill one: the processes of the
+        worker's session (it launches executors as plain children) running Spark's executor."""
+        if len(self.processes) < 2 or self.processes[1].poll() is not None:
+            return []
+        worker = self.processes[1].pid
+        pids = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                if os.getsid(int(entry.name)) == worker and \
+                        b"CoarseGrainedExecutorBackend" in (entry / "cmdline").read_bytes():
+                    pids.append(int(entry.name))
+            except OSError:  # gone meanwhile
+                continue
+        return sorted(pids)
+
     def stop(self) -> None:
         for process in reversed(self.processes):
             if process.poll() is None:

@@ -10,7 +10,11 @@ and every step reaches the journal through storage.
 from __future__ import annotations
 
 import logging
+import os
+import struct
+import sys
 from collections.abc import Iterator
+from types import FrameType
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pyspark import TaskContext
@@ -18,7 +22,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, Data
 from pyspark.sql.types import StructType
 
 from oncekit.core.engine import CheckpointEngine
-from oncekit.core.errors import ConfigError
+from oncekit.core.errors import ConfigError, TaskInputCutError
 from oncekit.core.fanout import FanOutConfig
 from oncekit.core.protocol import Committable, SinkConfig, TaskInfo
 
@@ -32,6 +36,11 @@ logger = logging.getLogger(__name__)
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 
 _preflighted: set[tuple[str, str]] = set()
+
+# What the JVM writes to a Python worker right after a task's whole input (pyspark's
+# SpecialLengths.END_OF_STREAM, a big-endian int).
+_END_OF_STREAM = struct.pack("!i", -4)
+_WORKER_MAIN = os.path.join("pyspark", "worker.py")
 
 
 class EngineCommitMessage(WriterCommitMessage):
@@ -79,7 +88,7 @@ class EngineStreamWriter(DataSourceStreamArrowWriter):
         # taskAttemptId, unlike attemptNumber, differs between a killed task still finishing in the
         # background and the attempt that replaces it, so their transactions never share a name.
         task = TaskInfo(self.config.sink_id, int(batch), context.partitionId(), context.taskAttemptId())
-        return EngineCommitMessage(self._engine().write_task(task, iterator))
+        return EngineCommitMessage(self._engine().write_task(task, whole_input(iterator, task)))
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Driver: every task succeeded; journal the batch before Spark logs it as committed."""
@@ -88,6 +97,45 @@ class EngineStreamWriter(DataSourceStreamArrowWriter):
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Driver: the batch failed; abort what its tasks pre-committed."""
         self._engine().abort(batchId, _committables(messages))
+
+
+def whole_input(batches: Iterator[pa.RecordBatch], task: TaskInfo) -> Iterator[pa.RecordBatch]:
+    """The task's input, ending only where Spark ended it: raises TaskInputCutError instead.
+
+    Why: when Spark kills a task (another task of the stage failed, the query stops), or what
+    feeds it fails, the JVM shuts the worker's input down without finishing it; Arrow reads that
+    end at a message boundary as a clean end of stream, and a sink that commits in the task
+    (transactional Kafka) would commit part of its partition. The JVM writes END_OF_STREAM right
+    after a whole input, so the worker's socket tells the two apart."""
+    yield from batches
+    where = f"sink {task.sink_id} batch {task.batch_id} partition {task.partition_id}"
+    if not _spark_sent_end_of_stream(where):
+        raise TaskInputCutError(f"{where}: Spark stopped sending the task's input before its end (task killed, or "
+                                "its input failed); nothing of this task attempt is committed")
+
+
+_warned_unchecked = False
+
+
+def _spark_sent_end_of_stream(where: str) -> bool:
+    """Whether the next bytes from the JVM are its END_OF_STREAM mark (peeked, not consumed:
+    pyspark's worker reads it after the task). pyspark gives the writer the Arrow batches but not
+    the socket, so the socket is ``infile`` of ``pyspark.worker.main`` on the call stack."""
+    global _warned_unchecked
+    frame: FrameType | None = sys._getframe()
+    while frame is not None and not (frame.f_code.co_name == "main" and frame.f_code.co_filename.endswith(_WORKER_MAIN)):
+        frame = frame.f_back
+    infile: Any = frame.f_locals.get("infile") if frame is not None else None
+    if not hasattr(infile, "peek"):
+        if not _warned_unchecked:
+            _warned_unchecked = True
+            logger.warning("%s: cannot see pyspark's worker socket; the end of task input is not checked", where)
+        return True
+    try:
+        head = infile.peek(len(_END_OF_STREAM))[: len(_END_OF_STREAM)]
+    except OSError:
+        return False
+    return bool(head) and _END_OF_STREAM.startswith(head)
 
 
 def _committables(messages: list[Any]) -> list[Committable]:

@@ -33,6 +33,7 @@ import pyarrow.compute as pc
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from oncekit.connectors.kafka import CLIENTS, broker_settings, client_log, create_topic
+from oncekit.core.crash import crash_point
 from oncekit.core.errors import ConfigError, OncekitError, RecordError
 from oncekit.core.names import KafkaTransactionalId, MarkerGroup
 
@@ -235,6 +236,7 @@ class KafkaSinkBase:
             producer.send_offsets_to_transaction(
                 [TopicPartition(self.config.topic, 0, batch_id + 1, metadata)], group_metadata, 30)
             delivery_errors = self.produce(producer, records, where)
+            crash_point("kafka_commit", batch_id, group.partition_id)
             _commit_transaction(producer)
             if delivery_errors():  # commit refuses a transaction with failed records; belt and braces
                 raise RecordError(f"{where}: records were not delivered: {delivery_errors()[0]}")

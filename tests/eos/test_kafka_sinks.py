@@ -101,3 +101,29 @@ def test_kafka_sink_preflight_refuses_timeout_above_broker_maximum(kafka: KafkaC
     sink = kafka_sink(kafka.bootstrap_servers, f"{topic}-out", "transactional", transaction_timeout_ms=3_600_000)
     with pytest.raises(ConfigError, match="transaction.max.timeout.ms"):
         sink.build(str(tmp_path)).preflight()
+
+
+def test_kafka_transactional_task_killed_mid_input_commits_nothing_of_it(
+    spark: Any, kafka: KafkaConfig, topic: str, tmp_path: Path, crash_dir: Path,
+) -> None:
+    """When one task of a batch fails, Spark kills the others, and a killed task's writer sees its
+    input stop at an Arrow message boundary, which reads like a clean end. The sink's stage reads
+    a shuffle (which stops when its task is killed) of 200,000 records, so partition 1 is still
+    receiving rows when partition 0 crashes: it must commit nothing (a part of its partition would
+    turn every replay into NonDeterministicReplayError), and the restart writes every record once."""
+    expected = produce_input(kafka, topic, 200_000)
+    out = f"{topic}-out"
+    sink = kafka_sink(kafka.bootstrap_servers, out, "transactional")
+    checkpoint = str(tmp_path / "checkpoint")
+    arm(crash_dir, "task_before_write", batch_id=0, partition_id=0)
+
+    def shuffled() -> Any:
+        return as_values(integers(spark, kafka, topic, 1_000_000)).repartition(2)
+
+    with pytest.raises(Exception):
+        run_available_now(shuffled(), sink, checkpoint)
+    assert fired(crash_dir) == ["task_before_write"]
+    run_available_now(shuffled(), sink, checkpoint)
+
+    verdict = compare(expected, output(kafka, out, len(expected)))
+    assert verdict.exactly_once, verdict.summary()

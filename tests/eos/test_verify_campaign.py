@@ -101,20 +101,23 @@ def test_oncekit_verify_as_a_new_user(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneCluster]:
     standalone = StandaloneCluster(tmp_path_factory.mktemp("spark-cluster"), cores=2)
-    yield standalone.start()
+    standalone.start()
+    yield standalone
     standalone.stop()
 
 
-def test_user_pipeline_on_standalone_cluster(services: Services, cluster: str, campaign_tables: list[str]) -> None:
+def test_user_pipeline_on_standalone_cluster(services: Services, cluster: StandaloneCluster,
+                                             campaign_tables: list[str]) -> None:
     """A user's pipeline (module:function) on a standalone cluster, where executors are JVMs of
     their own with their own Python workers: a task crash is retried on the executor, a driver
-    crash restarts the query, a driver kill loses the driver and its application."""
+    crash restarts the query, a driver kill loses the driver and its application, an executor
+    killed -9 during a batch is replaced by the worker and its tasks run again."""
     faults = [Fault("crash", "task_after_pre_commit"), Fault("crash", "driver_after_journal"),
-              Fault("kill", delay_s=2.0), Fault("crash", "mid_commit")]
-    report = run_campaign("tests.eos.user_pipeline:start", services, faults, seed=0,
-                          env={"SPARK_MASTER": cluster, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+              Fault("kill", delay_s=2.0), Fault("crash", "mid_commit"), Fault("spark-executor-kill")]
+    report = run_campaign("tests.eos.user_pipeline:start", services, faults, seed=0, spark_cluster=cluster,
+                          env={"SPARK_MASTER": cluster.url, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
     text = record(report, "user-pipeline-standalone-cluster", campaign_tables)
     assert report.passed and all(r.fired for r in report.results), text
     assert [r.verdict for r in report.results] == ["exactly-once"] * len(faults), text

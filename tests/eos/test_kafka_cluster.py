@@ -1,0 +1,120 @@
+"""A three-broker KRaft cluster (replication factor 3, ``min.insync.replicas`` 2, no unclean
+leader election) and the faults that hit one of its brokers: the leader of an output partition
+killed -9, the transaction coordinator killed -9 while the sink commits, a rolling restart, a
+broker cut off the network. The cluster is started once for the module, beside the session's
+single broker; the campaign uses it with the session's PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient
+
+from oncekit.connectors import KafkaConfig, Services
+from oncekit.connectors.kafka import broker_settings, create_topic, under_replicated
+from oncekit.connectors.services import start_kafka
+from oncekit.status.kafka_transactions import open_transactions
+from oncekit.verify import Fault, run_campaign
+from tests.eos.pipeline import read_committed
+from tests.eos.test_verify_campaign import record
+
+pytestmark = [pytest.mark.services]
+
+BACKEND = os.environ.get("ONCEKIT_TEST_BACKEND", "auto")
+
+
+@pytest.fixture(scope="module")
+def cluster(services: Services) -> Iterator[Services]:
+    kafka = start_kafka(BACKEND, brokers=3)
+    try:
+        yield Services(services.backend, kafka, services.postgres)
+    finally:
+        kafka.remove()
+
+
+def test_three_brokers_replicate_as_production(cluster: Services, unique_name: str) -> None:
+    config = KafkaConfig(cluster.kafka.bootstrap_servers)
+    settings = broker_settings(config)
+    assert {key: settings[key] for key in ("default.replication.factor", "min.insync.replicas",
+                                           "transaction.state.log.replication.factor", "transaction.state.log.min.isr",
+                                           "unclean.leader.election.enable")} == {
+        "default.replication.factor": "3", "min.insync.replicas": "2", "transaction.state.log.replication.factor": "3",
+        "transaction.state.log.min.isr": "2", "unclean.leader.election.enable": "false"}
+    topic = unique_name.replace("_", "-")
+    create_topic(config, topic, partitions=2)  # the kit's default: the cluster's replication factor
+    metadata = AdminClient(config.settings()).list_topics(timeout=30)
+    assert sorted(b for b in metadata.brokers) == [1, 2, 3]
+    for name in (topic, "__transaction_state"):
+        assert {len(p.replicas) for p in metadata.topics[name].partitions.values()} == {3}, name
+
+
+def test_coordinator_killed_before_commit_transaction_still_commits(cluster: Services, unique_name: str) -> None:
+    """The coordinator Kafka's DescribeTransactions names for an open transaction is killed -9
+    before the producer commits: the commit finds the new coordinator (two replicas of its
+    transaction log partition are left, the minimum in sync), and read_committed sees the records
+    once."""
+    config = KafkaConfig(cluster.kafka.bootstrap_servers)
+    topic = unique_name.replace("_", "-")
+    create_topic(config, topic, partitions=2)
+    producer = Producer(config.settings(transactional_id=f"test-{topic}"))
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    values = [f"v{i}".encode() for i in range(100)]
+    for value in values:
+        producer.produce(topic, value=value)
+    producer.flush(30)
+    (held,) = [t for t in open_transactions(cluster.kafka.bootstrap_servers) if t.transactional_id == f"test-{topic}"]
+    assert held.state == "Ongoing" and held.coordinator in (1, 2, 3) and topic in held.topics()
+    coordinator = next(b for b in cluster.kafka.brokers if b.node_id == held.coordinator)
+    coordinator.kill()
+    try:
+        producer.commit_transaction(120)
+    finally:
+        coordinator.start()
+    assert sorted(read_committed(config, topic, len(values), timeout_s=120)) == sorted(values)
+    deadline = time.monotonic() + 180
+    while under_replicated(config) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not under_replicated(config)
+
+
+def test_campaign_one_broker_at_a_time_exactly_once(cluster: Services, campaign_tables: list[str]) -> None:
+    """The transactional Kafka sink under each broker fault once; every verdict exactly-once,
+    nothing left open."""
+    faults = [Fault("kafka-leader-kill", delay_s=0.5, outage_s=10), Fault("kafka-coordinator-kill", outage_s=10),
+              Fault("kafka-broker-cut", delay_s=0.5, outage_s=12), Fault("kafka-rolling-restart", delay_s=0.5)]
+    report = run_campaign("kafka-transactional", cluster, faults, seed=0)
+    text = record(report, "kafka-transactional-three-brokers", campaign_tables)
+    assert report.passed and all(r.fired for r in report.results), text
+    assert [r.verdict for r in report.results] == ["exactly-once"] * len(faults), text
+
+
+def test_cli_services_up_three_local_brokers(tmp_path: Path) -> None:
+    """``oncekit services up --brokers 3`` with the local backend: three broker JVMs on
+    loopback, all in the cluster's metadata, and ``down`` stops them."""
+    env = {**os.environ, "ONCEKIT_STATE_DIR": str(tmp_path)}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "oncekit.cli", "services", *args], env=env,
+                              capture_output=True, text=True, timeout=600, check=False)
+
+    up = cli("up", "--backend", "local", "--brokers", "3")
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        bootstrap = next(line.split(": ", 1)[1].strip() for line in up.stdout.splitlines()
+                         if line.startswith("kafka bootstrap"))
+        assert len(bootstrap.split(",")) == 3, up.stdout
+        metadata = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=30)
+        assert sorted(metadata.brokers) == [1, 2, 3]
+        assert "kafka: ready" in cli("status").stdout
+    finally:
+        down = cli("down")
+    assert down.returncode == 0 and "services down" in down.stdout, down.stdout + down.stderr
