@@ -24,7 +24,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from oncekit.core.protocol import Committable, Sink, SinkConfig, TaskInfo
+from oncekit.core.protocol import Committable, Sink, SinkConfig, SinkOwner, TaskInfo
 from oncekit.core.crash import crash_point
 from oncekit.core.journal import Journal
 from oncekit.core.spark_log import SparkLog
@@ -52,12 +52,21 @@ class CheckpointEngine:
     def __init__(self, sink: Sink, checkpoint: str) -> None:
         self.sink = sink
         self.spark_log = SparkLog(checkpoint)
+        self.location = checkpoint
         self.journal = Journal(checkpoint, sink.sink_id)
 
     @classmethod
     def of(cls, config: SinkConfig, checkpoint: str) -> CheckpointEngine:
         """The engine of the sink ``config`` describes, for the query checkpointed at ``checkpoint``."""
         return cls(config.build(checkpoint), checkpoint)
+
+    def preflight(self) -> None:
+        """Driver, once per query start (the stream writer): the sink's checks, then its claim on
+        the sink id for this checkpoint's query (:meth:`~oncekit.core.protocol.Sink.claim`)."""
+        self.sink.preflight()
+        query_id = self.spark_log.query_id()
+        if query_id is not None:  # Spark writes it before it creates the writer; a test harness may not
+            self.sink.claim(SinkOwner(query_id, self.location), _alive)
 
     # -- task side ---------------------------------------------------------------------------
 
@@ -161,3 +170,14 @@ class CheckpointEngine:
         if forgotten:
             self.journal.sweep(oldest)
             self.sink.forget(min([oldest, *(journaled - done)]))
+
+
+def _alive(owner: SinkOwner) -> bool:
+    """Whether ``owner``'s checkpoint still exists with its query id. One that cannot be read is
+    taken as alive: refusing is safe, taking its sink id over is not."""
+    found = SparkLog(owner.checkpoint)
+    try:
+        query_id = found.query_id()
+        return query_id == owner.query_id or (query_id is None and found.exists())
+    except OSError:
+        return True

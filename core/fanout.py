@@ -23,7 +23,7 @@ import hashlib
 import importlib
 import json
 import logging
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 
 from oncekit.core.crash import crash_point
 from oncekit.core.errors import ConfigError
-from oncekit.core.protocol import Committable, DeliveryGuarantee, Sink, SinkConfig, TaskInfo
+from oncekit.core.protocol import Committable, DeliveryGuarantee, Sink, SinkConfig, SinkOwner, TaskInfo
 
 logger = logging.getLogger(__name__)
 
@@ -164,6 +164,10 @@ class FanOutSink(Sink):
     def leftovers(self, batch_ids: Iterable[int] | None = None) -> list[Committable]:
         wanted = None if batch_ids is None else list(batch_ids)
         return [c for sink in self.targets.values() for c in sink.leftovers(wanted)]
+
+    def claim(self, owner: SinkOwner, alive: Callable[[SinkOwner], bool]) -> None:
+        for sink in self.targets.values():
+            sink.claim(owner, alive)
 
     def forget(self, before_batch: int) -> None:
         for sink in self.targets.values():

@@ -10,6 +10,7 @@ builds it from these classes; nobody else writes ``"oncekit:"`` or ``"oncekit-"`
   writer (a partition, or the write-ahead log's publisher) so that a new producer fences a zombie.
 - :class:`MarkerGroup`: the consumer group whose committed offset records a Kafka sink's last
   published batch (offset = batch id + 1).
+- :class:`OwnerGroup`: the consumer group recording which query writes through a Kafka sink id.
 - :class:`StagedFile`: a write-ahead-log file, relative to the sink's staging folder.
 """
 
@@ -71,6 +72,18 @@ class MarkerGroup:
 
     def __str__(self) -> str:
         return f"oncekit-{self.sink_id}" + ("" if self.partition_id is None else f"-{self.partition_id}")
+
+
+@dataclass(frozen=True)
+class OwnerGroup:
+    """``oncekit-<sink>:owner``: the consumer group whose committed offset's metadata records the
+    query that writes through a Kafka sink id. ``:`` is not allowed in sink ids, so no marker
+    group can take this name."""
+
+    sink_id: str
+
+    def __str__(self) -> str:
+        return f"oncekit-{self.sink_id}:owner"
 
 
 @dataclass(frozen=True)

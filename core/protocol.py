@@ -26,7 +26,7 @@ import enum
 import logging
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
@@ -118,6 +118,15 @@ class Committable:
         return cls(**data)
 
 
+@dataclass(frozen=True)
+class SinkOwner:
+    """The query that writes through a sink id: its Spark query id (kept in its checkpoint) and
+    its checkpoint location. Recorded in the target, so that a second checkpoint is refused."""
+
+    query_id: str
+    checkpoint: str
+
+
 TxnT = TypeVar("TxnT")
 
 
@@ -148,6 +157,30 @@ class Sink(ABC):
         staged files), for batches in ``batch_ids`` or all. Recovery aborts those no journal
         names. The default holds nothing open."""
         return []
+
+    def claim(self, owner: SinkOwner, alive: Callable[[SinkOwner], bool]) -> None:
+        """Driver, at query start after ``preflight``: refuse a sink id that another query's
+        checkpoint still writes through (``alive`` says whether a recorded owner's checkpoint
+        still exists with its query id), else record ``owner``. Two checkpoints on one sink id
+        share transaction ids, markers and marker rows: each would take the other's batches for
+        its own and skip them. A checkpoint deleted to start over, or a savepoint restored (same
+        query id), takes the id over. Not atomic: two first starts at the same moment both pass."""
+        current = self.recorded_owner()
+        if current is not None and current.query_id != owner.query_id and alive(current):
+            raise ConfigError(
+                f"sink {self.sink_id}: already written by the query checkpointed at {current.checkpoint} "
+                f"(query id {current.query_id}); this query's checkpoint is {owner.checkpoint}. Give one of them "
+                "another sink_id, or delete the other checkpoint if that query is retired")
+        if current != owner:
+            self.record_owner(owner)
+
+    def recorded_owner(self) -> SinkOwner | None:
+        """Driver: the owner recorded in the target for this sink id; None when none is (the
+        default: a target that keeps no record, where :meth:`claim` checks nothing)."""
+        return None
+
+    def record_owner(self, owner: SinkOwner) -> None:
+        """Driver: record ``owner`` for this sink id in the target, replacing any other."""
 
     def forget(self, before_batch: int) -> None:
         """Driver, in recovery, after the journal dropped batches Spark no longer keeps: drop the

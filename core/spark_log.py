@@ -54,6 +54,15 @@ class SparkLog:
         """Whether Spark has started this checkpoint (its offset log exists)."""
         return bool(list_names(self.fs, f"{self.root}/offsets"))
 
+    def query_id(self) -> str | None:
+        """The id Spark gave the query when it first started on this checkpoint (``metadata``);
+        it stays with the checkpoint, and with a savepoint's copy of it. None before that, or
+        when the checkpoint is gone."""
+        try:
+            return str(json.loads(read_bytes(self.fs, f"{self.root}/metadata"))["id"])
+        except (OSError, ValueError, KeyError):
+            return None
+
     def source_offsets(self, batch_id: int) -> list[Any]:
         """The end offsets of every source for ``batch_id``, as the sources wrote them (a dict for
         oncekit's Kafka source, ``None`` for a source without offsets)."""

@@ -10,9 +10,10 @@ checkpoints), marker groups, prepared transactions. After the run the input stop
 must catch up, and the last row is taken; :func:`unbounded` names what grew past its bound.
 
 The input stops while a fault is being injected (at most a few seconds) and catches up right
-after, so the rate holds on average. Losses in a row are records still missing after
-``settle_s`` (a pipeline that is stuck shows there too); the last row's are the records missing
-once the output had every chance to catch up.
+after, so the rate holds on average. Losses in a row are records missing from the output though
+they sit below the input offsets of the newest batch the kit's journal marks done (every sink
+committed it and everything before it); records not yet there are in flight. The last row's
+losses are the records missing once the output had every chance to catch up.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from oncekit.verify.campaign import Campaign
 from oncekit.verify.checker import compare
 from oncekit.verify.examples import EXAMPLES
 from oncekit.verify.faults import Fault, schedule
-from oncekit.verify.io import kit_rows, marker_groups, prepared_transactions, produce_input
+from oncekit.verify.io import KafkaOutput, kit_rows, marker_groups, prepared_transactions, produce_input
 
 logger = logging.getLogger(__name__)
 
@@ -63,8 +64,8 @@ class SoakSample:
     records_in: int          # produced (upstream duplicates count twice, as the output must)
     records_out: int         # committed in the output
     duplicates: int          # output records beyond what the input holds
-    losses: int              # missing, though produced more than settle_s ago
-    in_flight: int           # missing, produced within settle_s
+    losses: int              # missing, though a batch the journal marks done read them
+    in_flight: int           # missing, not yet read by such a batch
     batches: int | None      # the latest batch Spark completed
     driver_rss_mb: float     # the driver's Python process
     jvm_rss_mb: float        # Spark's JVM (driver and executor in local mode)
@@ -152,10 +153,10 @@ class Soak:
     """One soak: the campaign's pipeline and driver, input at ``rate``, a fault every
     ``fault_every_s``, a sample every ``sample_every_s``. Called by :func:`run_soak`."""
 
-    def __init__(self, campaign: Campaign, rate: float, settle_s: float) -> None:
-        self.campaign, self.rate, self.settle_s = campaign, rate, settle_s
+    def __init__(self, campaign: Campaign, rate: float) -> None:
+        self.campaign, self.rate = campaign, rate
         self.started = time.monotonic()
-        self.produced_at: dict[int, float] = {}
+        self.input = KafkaOutput(campaign.kafka, campaign.ctx.input_topic)  # (partition, offset) of each id
         self.faults: list[tuple[Fault, bool]] = []
         self.armed: Fault | None = None
 
@@ -168,7 +169,6 @@ class Soak:
         self.campaign.expected += produce_input(self.campaign.kafka, self.campaign.ctx.input_topic, due, first=first,
                                                 upstream=self.campaign.upstream)
         self.campaign.produced += due
-        self.produced_at.update((i, now) for i in range(first, first + due))
 
     def inject(self, fault: Fault) -> None:
         """Inject ``fault`` now (a crash point: armed for the next batch, seen to fire later)."""
@@ -210,17 +210,19 @@ class Soak:
     def sample(self, final: bool = False) -> SoakSample:
         campaign = self.campaign
         now = time.monotonic()
+        read = self._read_by_done_batch()  # before the output: what it shows must then be there
         got = campaign.observe() or campaign.output()
         want = Counter(campaign.wanted())
         have = Counter(got)
         missing = want - have
-        old = sum(n for key, n in missing.items()
-                  if final or now - self.produced_at.get(_id_of(key), now) > self.settle_s)
+        old = sum(missing.values()) if final else sum(min(n, read[_id_of(key)]) for key, n in missing.items())
         driver, jvm, workers = _memory(campaign.driver.process.pid if campaign.driver.process else None)
         checkpoint = Path(campaign.ctx.checkpoint)
         files = [p for p in checkpoint.rglob("*") if p.is_file()] if checkpoint.exists() else []
         kit = checkpoint / "oncekit"
         output = campaign.ctx.output
+        if final:
+            self.input.__exit__()
         return SoakSample(
             elapsed_s=round(now - self.started, 1),
             faults=len(self.faults) + (self.armed is not None),
@@ -238,9 +240,25 @@ class Soak:
         )
 
 
+    def _read_by_done_batch(self) -> Counter[int]:
+        """How often each input id sits below the end offsets of the newest batch a journal of the
+        query marks done."""
+        journals = Path(self.campaign.ctx.checkpoint) / "oncekit"
+        done = [int(p.stem) for p in journals.glob("*/journal/*.done") if p.stem.isdigit()]
+        if not done:
+            return Counter()
+        try:
+            ends = self.campaign.spark_log.source_offsets(max(done))[0][self.campaign.ctx.input_topic]
+        except (OSError, LookupError, TypeError, ValueError):
+            return Counter()  # pruned meanwhile: the next row judges
+        self.input.read(0.5)
+        return Counter(int(value) for (partition, offset), value in self.input.records.items()
+                       if offset < int(ends.get(str(partition), 0)) and value.lstrip(b"-").isdigit())
+
+
 def run_soak(pipeline: str, services: Services, duration_s: float, seed: int = 1, rate: float = 20.0,
              fault_every_s: float = 60.0, sample_every_s: float = 180.0, retain: int | None = None,
-             settle_s: float = 120.0, progress: Callable[[SoakSample], None] | None = None,
+             progress: Callable[[SoakSample], None] | None = None,
              env: dict[str, str] | None = None, work_dir: str | None = None) -> SoakReport:
     """Soak ``pipeline`` for ``duration_s`` (see the module docstring). ``retain`` lowers Spark's
     ``minBatchesToRetain`` for the driver (a short soak reaches the purge that way); ``progress``
@@ -265,7 +283,7 @@ def run_soak(pipeline: str, services: Services, duration_s: float, seed: int = 1
         campaign = Campaign(pipeline, services, name, work, per_batch=PER_BATCH, env=env)
         try:
             campaign.driver.ensure_running()
-            soak = Soak(campaign, rate, settle_s)
+            soak = Soak(campaign, rate)
             next_fault, next_sample = fault_every_s, sample_every_s
             while (elapsed := time.monotonic() - soak.started) < duration_s:
                 soak.produce(time.monotonic())

@@ -51,7 +51,7 @@ def engine_answers() -> bool:
     try:
         import docker
 
-        client = docker.from_env(timeout=5)
+        client = docker.from_env(timeout=60)  # Podman answers /version slowly while it starts or stops containers
         try:
             return bool(client.ping())
         finally:

@@ -65,7 +65,7 @@ class EngineStreamWriter(DataSourceStreamArrowWriter):
         engine = self._engine()
         key = (config.sink_id, checkpoint)
         if key not in _preflighted:
-            engine.sink.preflight()
+            engine.preflight()
             _preflighted.add(key)
         report = engine.recover()
         if report.committed_batches:  # the usual catch-up of the previous batch

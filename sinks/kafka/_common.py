@@ -35,7 +35,8 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from oncekit.connectors.kafka import CLIENTS, broker_settings, client_log, create_topic
 from oncekit.core.crash import crash_point
 from oncekit.core.errors import ConfigError, OncekitError, RecordError
-from oncekit.core.names import KafkaTransactionalId, MarkerGroup
+from oncekit.core.names import KafkaTransactionalId, MarkerGroup, OwnerGroup
+from oncekit.core.protocol import SinkOwner
 
 if TYPE_CHECKING:
     from oncekit.sinks.kafka.config import KafkaSinkConfig
@@ -147,6 +148,20 @@ class KafkaSinkBase:
             )
 
     # -- clients -------------------------------------------------------------------------------
+    def recorded_owner(self) -> SinkOwner | None:
+        """From the metadata of :class:`~oncekit.core.names.OwnerGroup`'s committed offset on
+        partition 0 of the topic."""
+        committed = self._committed(OwnerGroup(self.sink_id))
+        if not committed.metadata:
+            return None
+        recorded = json.loads(committed.metadata)
+        return SinkOwner(recorded["query_id"], recorded["checkpoint"])
+
+    def record_owner(self, owner: SinkOwner) -> None:
+        metadata = json.dumps({"query_id": owner.query_id, "checkpoint": owner.checkpoint})
+        with self._marker_consumer(OwnerGroup(self.sink_id)) as consumer:
+            consumer.commit(offsets=[TopicPartition(self.config.topic, 0, 0, metadata)], asynchronous=False)
+
 
     def _new_producer(self, **extra: Any) -> Producer:
         # Delivery reports for failed records only: no Python callback per delivered record.
@@ -174,7 +189,22 @@ class KafkaSinkBase:
     def give_producer(self, transactional_id: KafkaTransactionalId | None, producer: Producer) -> None:
         CLIENTS.give((*self._client_key, str(transactional_id)), producer)
 
-    def _marker_consumer(self, group: MarkerGroup) -> AbstractContextManager[Consumer]:
+    def _committed(self, group: MarkerGroup | OwnerGroup) -> TopicPartition:
+        """``group``'s committed offset on partition 0 of the topic, asked again a few times while
+        the broker answers with a retriable error (the group's coordinator moving or loading)."""
+        attempt = 0
+        while True:
+            try:
+                with self._marker_consumer(group) as consumer:
+                    (committed,) = consumer.committed([TopicPartition(self.config.topic, 0)], timeout=30)
+                return committed
+            except KafkaException as exc:
+                attempt += 1
+                if not exc.args[0].retriable() or attempt == 5:
+                    raise
+                time.sleep(0.5 * attempt)
+
+    def _marker_consumer(self, group: MarkerGroup | OwnerGroup) -> AbstractContextManager[Consumer]:
         # read_committed makes the committed-offset fetch stable: it waits for pending
         # transactional commits. Assigned nothing, it never joins the group.
         return CLIENTS.borrowed((*self._client_key, "marker", str(group)), lambda: Consumer(self.config.kafka.settings(
@@ -182,8 +212,7 @@ class KafkaSinkBase:
 
     def marker(self, group: MarkerGroup) -> tuple[int, dict[str, Any]]:
         """The committed batch marker of ``group``: (offset, metadata); a negative offset when none."""
-        with self._marker_consumer(group) as consumer:
-            (committed,) = consumer.committed([TopicPartition(self.config.topic, 0)], timeout=30)
+        committed = self._committed(group)
         metadata = json.loads(committed.metadata) if committed.metadata else {}
         return committed.offset, metadata
 
@@ -272,7 +301,10 @@ class KafkaSinkBase:
                 producer = self.take_producer(transactional_id, fresh=True)
                 result = attempt(producer)
         except KafkaException as exc:
-            raise OncekitError(f"{where}: transaction {transactional_id} failed: {exc.args[0].str()}") from exc
+            gone = exc.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART or "Unknown topic" in exc.args[0].str()
+            hint = (f"; topic {self.config.topic} is gone (deleted while the query ran?): restart the query, whose "
+                    "preflight creates it again, and the batch is replayed") if gone else ""
+            raise OncekitError(f"{where}: transaction {transactional_id} failed: {exc.args[0].str()}{hint}") from exc
         self.give_producer(transactional_id, producer)
         return result
 

@@ -33,9 +33,10 @@ import psycopg
 import pyarrow as pa
 from psycopg import sql
 
+from oncekit.connectors.postgres import check_server
 from oncekit.connectors.redact import redact_dsn
 from oncekit.core.errors import BadRecordError, ConfigError, OncekitError
-from oncekit.core.protocol import Sink, TaskInfo
+from oncekit.core.protocol import Sink, SinkOwner, TaskInfo
 from oncekit.sinks.postgres._csv import csv_for_copy
 from oncekit.sinks.postgres._pool import LOCK_TIMEOUT_S, POOL
 
@@ -47,6 +48,8 @@ logger = logging.getLogger(__name__)
 FORMAT = "oncekit-postgres"
 MARKER_TABLE = "oncekit_markers"
 CHECKPOINT_TABLE = "oncekit_checkpoints"
+OWNER_TABLE = "oncekit_sinks"
+"""Per sink id, the query (id and checkpoint) that writes through it: :meth:`Sink.claim`."""
 ORDINAL = "oncekit_row"
 """The staging tables' extra column: a row's position in its COPY, which orders repeated keys."""
 
@@ -111,7 +114,7 @@ class TableWriter:
         """Send one batch; a refusal surfaces at the end of its segment."""
         if batch.num_rows == 0:
             return
-        with self._lock_timeout():
+        with self._named_errors():
             if self._copy is None:
                 self._names = batch.schema.names
                 self._copy = self._open(staged=False)
@@ -151,7 +154,7 @@ class TableWriter:
     def _close_segment(self) -> None:
         segment, rows = self._segment, self._segment_rows
         self._segment, self._segment_rows, self._segment_bytes = [], 0, 0
-        with self._lock_timeout():
+        with self._named_errors():
             try:
                 self._end()
             except _REFUSED as exc:
@@ -241,15 +244,22 @@ class TableWriter:
                        self.task.batch_id, self.task.partition_id, refused, self.config.dead_letter_table)
 
     @contextmanager
-    def _lock_timeout(self) -> Iterator[None]:
+    def _named_errors(self) -> Iterator[None]:
+        """The server's errors that are not about one row, raised naming sink, batch, partition
+        and table: a lock held too long, the target dropped or changed under the running query."""
+        where = f"{FORMAT} sink {self.task.sink_id} batch {self.task.batch_id} partition {self.task.partition_id}"
         try:
             yield
         except psycopg.errors.LockNotAvailable as exc:
             raise OncekitError(
-                f"{FORMAT} sink {self.task.sink_id} batch {self.task.batch_id} partition {self.task.partition_id}: "
-                f"waited {LOCK_TIMEOUT_S} s for rows another transaction holds: two partitions of one batch write "
-                "the same key (repartition the stream by the key columns), or a lost attempt left a prepared "
+                f"{where}: waited {LOCK_TIMEOUT_S} s for rows another transaction holds: two partitions of one batch "
+                "write the same key (repartition the stream by the key columns), or a lost attempt left a prepared "
                 "transaction (the restart's recovery aborts it)"
+            ) from exc
+        except (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn, psycopg.errors.InsufficientPrivilege) as exc:
+            raise OncekitError(
+                f"{where}: table {self.config.table}: {exc.diag.message_primary or exc} (changed while the query ran?); "
+                "nothing of this batch was committed: restore the table, then restart the query, which replays the batch"
             ) from exc
 
     def _bad_record(self, exc: Any) -> BadRecordError:
@@ -302,6 +312,7 @@ class PostgresSinkBase(Sink):
         """Driver, at query start: the target exists with the stream's columns and keys, and the
         kit's own tables exist."""
         config = self.config
+        check_server(config.dsn)  # a refused password or certificate fails here by name, the DSN's password hidden
         with self.connection(autocommit=True) as conn:
             if conn.execute("SELECT to_regclass(%s)", (config.table,)).fetchone() == (None,):
                 raise ConfigError(f"{FORMAT} sink {self.sink_id}: table {config.table} does not exist")
@@ -315,6 +326,19 @@ class PostgresSinkBase(Sink):
             if config.key_columns:
                 self._check_conflict_target(conn)
             self._create_tables(conn)
+
+    def recorded_owner(self) -> SinkOwner | None:
+        with self.connection(autocommit=True) as conn:
+            row = conn.execute(sql.SQL("SELECT query_id, checkpoint FROM {} WHERE sink_id = %s").format(
+                identifier(in_schema_of(self.config.table, OWNER_TABLE))), (self.sink_id,)).fetchone()
+        return None if row is None else SinkOwner(row[0], row[1])
+
+    def record_owner(self, owner: SinkOwner) -> None:
+        with self.connection(autocommit=True) as conn:
+            conn.execute(sql.SQL(
+                "INSERT INTO {} (sink_id, query_id, checkpoint) VALUES (%s, %s, %s) ON CONFLICT (sink_id) "
+                "DO UPDATE SET query_id = EXCLUDED.query_id, checkpoint = EXCLUDED.checkpoint, claimed_at = now()"
+            ).format(identifier(in_schema_of(self.config.table, OWNER_TABLE))), (self.sink_id, owner.query_id, owner.checkpoint))
 
     def forget_recorded(self, table: str, before_batch: int) -> None:
         """Driver, from ``forget``: delete this sink's rows of batches before ``before_batch``
@@ -342,6 +366,9 @@ class PostgresSinkBase(Sink):
 
     def _create_tables(self, conn: psycopg.Connection[Any]) -> None:
 
+        conn.execute(sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {} (sink_id text PRIMARY KEY, query_id text NOT NULL, checkpoint text NOT NULL, "
+            "claimed_at timestamptz NOT NULL DEFAULT now())").format(identifier(in_schema_of(self.config.table, OWNER_TABLE))))
         if self.config.dead_letter_table:
             conn.execute(sql.SQL(
                 "CREATE TABLE IF NOT EXISTS {} (sink_id text NOT NULL, batch_id bigint NOT NULL, partition_id int NOT NULL, "

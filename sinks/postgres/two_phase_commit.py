@@ -76,7 +76,16 @@ class PostgresTwoPhaseCommitSink(PostgresSinkBase, TwoPhaseCommitSink["_Prepared
                 (task.transaction_id, task.sink_id, task.batch_id, task.partition_id, task.attempt, rows),
             )
             with conn.cursor() as cur:
-                cur.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(task.transaction_id)))
+                try:
+                    cur.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(task.transaction_id)))
+                except psycopg.errors.OutOfMemory as exc:  # SQLSTATE 53200, also the server's for full slots
+                    if "prepared transactions" not in (exc.diag.message_primary or ""):
+                        raise
+                    raise CommitError(
+                        f"{FORMAT} sink {self.sink_id} batch {task.batch_id} partition {task.partition_id}: "
+                        f"PREPARE TRANSACTION refused: {exc.diag.message_primary} ({exc.diag.message_hint}); "
+                        "pg_prepared_xacts lists them, oncekit status shows the kit's with their age: finish forgotten "
+                        "ones or raise the setting, then restart the query (nothing of this batch was committed)") from exc
                 # An aborted transaction answers PREPARE with a ROLLBACK instead of an error.
                 if cur.statusmessage != "PREPARE TRANSACTION":
                     raise CommitError(f"{FORMAT} sink {self.sink_id} batch {task.batch_id} partition {task.partition_id}: "
