@@ -204,15 +204,7 @@ class Campaign:
             fired = self.postgres_faults.inject(fault.kind, fault.outage_s)
             return (time.monotonic() if fired else None), batch
         service = self.services.kafka if fault.kind.startswith("kafka") else self.services.postgres
-        if fault.kind.endswith("-restart"):
-            service.stop()
-            time.sleep(fault.outage_s)
-            service.start()
-        else:
-            service.disconnect()
-            time.sleep(fault.outage_s)
-            service.reconnect()
-            service.wait_ready()
+        service.outage("stop" if fault.kind.endswith("-restart") else "cut", fault.outage_s)
         return time.monotonic(), batch
 
     def finish(self) -> tuple[int | None, Verdict, list[str]]:

@@ -81,8 +81,7 @@ class ClusterFaults:
         if fault.kind == "kafka-rolling-restart":
             for broker in self.kafka.brokers:
                 self._wait_healthy()
-                broker.stop()
-                broker.start()
+                broker.restart()
             self._notes[fault.kind] = f"brokers {', '.join(str(b.node_id) for b in self.kafka.brokers)} in turn"
             return True
         leader = self._broker(partition_leader(self.config, self.topic, 0))
@@ -90,15 +89,7 @@ class ClusterFaults:
             self._notes[fault.kind] = f"{self.topic}[0] had no leader"
             return False
         self._notes[fault.kind] = f"broker {leader.node_id} (leader of {self.topic}[0])"
-        if fault.kind == "kafka-leader-kill":
-            leader.kill()
-            time.sleep(fault.outage_s)
-            leader.start()
-        else:
-            leader.disconnect()
-            time.sleep(fault.outage_s)
-            leader.reconnect()
-            leader.wait_ready()
+        leader.outage("kill" if fault.kind == "kafka-leader-kill" else "cut", fault.outage_s)
         return True
 
     def _broker(self, node_id: int) -> KafkaService | None:

@@ -84,6 +84,25 @@ class Service(ABC):
         self.stop()
         self.start()
 
+    def outage(self, how: str, seconds: float) -> None:
+        """Take the service away for ``seconds`` and bring it back ready: ``stop`` (a clean
+        stop), ``kill`` (SIGKILL; the start goes through crash recovery) or ``cut`` (off the
+        network while it runs). Called by the campaign's service and broker faults."""
+        if how not in ("stop", "kill", "cut"):
+            raise ServiceError(f"{self.name}: unknown outage {how!r}; choose stop, kill or cut")
+        if how == "cut":
+            self.disconnect()
+            time.sleep(seconds)
+            self.reconnect()
+            self.wait_ready()
+            return
+        if how == "kill":
+            self.kill()
+        else:
+            self.stop()
+        time.sleep(seconds)
+        self.start()
+
     def kill(self) -> None:
         """SIGKILL every process of the service at once, as an OOM kill or a crashed host would,
         keeping its data: :meth:`start` brings it back through the service's crash recovery."""
