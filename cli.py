@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
                        help="Kafka brokers: 1, or 3 (a replicated cluster; the faults then include one broker's)")
     check.add_argument("--soak", metavar="DURATION", help="instead of --faults: run this long (30m, 2h) at a steady "
                        "input rate with a fault every --fault-every seconds, printing what must stay bounded")
-    check.add_argument("--rate", type=float, default=20.0, help="--soak: input records per second")
+    check.add_argument("--rate", type=float, default=10.0, help="--soak: input records per second")
     check.add_argument("--fault-every", type=float, default=60.0, help="--soak: seconds between faults")
     check.add_argument("--sample-every", type=float, default=180.0, help="--soak: seconds between table rows")
     check.set_defaults(run=_verify)

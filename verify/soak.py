@@ -39,7 +39,7 @@ from oncekit.verify.io import KafkaOutput, kit_rows, marker_groups, prepared_tra
 logger = logging.getLogger(__name__)
 
 SPARK_RETAIN = 100  # spark.sql.streaming.minBatchesToRetain's default: the commits Spark keeps
-PER_BATCH = 300
+PER_BATCH = 2000  # a batch's cap: well above the rate times a batch's duration, so a restart's backlog clears
 
 
 def parse_duration(text: str) -> float:
@@ -256,13 +256,14 @@ class Soak:
                        if offset < int(ends.get(str(partition), 0)) and value.lstrip(b"-").isdigit())
 
 
-def run_soak(pipeline: str, services: Services, duration_s: float, seed: int = 1, rate: float = 20.0,
+def run_soak(pipeline: str, services: Services, duration_s: float, seed: int = 1, rate: float = 10.0,
              fault_every_s: float = 60.0, sample_every_s: float = 180.0, retain: int | None = None,
-             progress: Callable[[SoakSample], None] | None = None,
-             env: dict[str, str] | None = None, work_dir: str | None = None) -> SoakReport:
+             progress: Callable[[SoakSample], None] | None = None, env: dict[str, str] | None = None,
+             work_dir: str | None = None, per_batch: int = PER_BATCH, drain_s: float = 600.0) -> SoakReport:
     """Soak ``pipeline`` for ``duration_s`` (see the module docstring). ``retain`` lowers Spark's
     ``minBatchesToRetain`` for the driver (a short soak reaches the purge that way); ``progress``
-    hears every sample as it is taken."""
+    hears every sample as it is taken; ``drain_s`` bounds the wait for the output to catch up
+    once the input stops."""
     example = EXAMPLES.get(pipeline)
     env = dict(env or {})
     if retain is not None:
@@ -280,7 +281,7 @@ def run_soak(pipeline: str, services: Services, duration_s: float, seed: int = 1
     with tempfile.TemporaryDirectory(prefix="oncekit-soak-") as temporary:
         work = Path(work_dir or temporary)
         work.mkdir(parents=True, exist_ok=True)
-        campaign = Campaign(pipeline, services, name, work, per_batch=PER_BATCH, env=env)
+        campaign = Campaign(pipeline, services, name, work, per_batch=per_batch, env=env)
         try:
             campaign.driver.ensure_running()
             soak = Soak(campaign, rate)
@@ -296,7 +297,7 @@ def run_soak(pipeline: str, services: Services, duration_s: float, seed: int = 1
                     next_sample += sample_every_s
                 time.sleep(0.5)
             soak.settle_crash()
-            soak.drain(campaign.catch_up_s)
+            soak.drain(drain_s)
             take(final=True)
         finally:
             code, verdict, left = campaign.finish()

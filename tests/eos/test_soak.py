@@ -20,7 +20,7 @@ RETAIN = 10
 
 
 def test_soak_bounded_state_and_exactly_once(services: Services, campaign_tables: list[str]) -> None:
-    report = run_soak("fan-out-postgres-kafka-wal", services, SOAK_S, seed=SEED, rate=20, fault_every_s=40,
+    report = run_soak("fan-out-postgres-kafka-wal", services, SOAK_S, seed=SEED, rate=10, fault_every_s=40,
                       sample_every_s=30, retain=RETAIN)
     text = table(report)
     campaign_tables.append(text)
