@@ -110,6 +110,8 @@ def whole_input(batches: Iterator[pa.RecordBatch], task: TaskInfo) -> Iterator[p
     yield from batches
     where = f"sink {task.sink_id} batch {task.batch_id} partition {task.partition_id}"
     if not _spark_sent_end_of_stream(where):
+        # Logged as well as raised: when Spark killed the task, it drops the task's error unread.
+        logger.warning("%s: task input cut short by Spark; committing nothing of this attempt", where)
         raise TaskInputCutError(f"{where}: Spark stopped sending the task's input before its end (task killed, or "
                                 "its input failed); nothing of this task attempt is committed")
 
