@@ -211,7 +211,7 @@ class Soak:
         campaign = self.campaign
         now = time.monotonic()
         read = self._read_by_done_batch()  # before the output: what it shows must then be there
-        got = campaign.observe() or campaign.output()
+        got = self._observe_all()
         want = Counter(campaign.wanted())
         have = Counter(got)
         missing = want - have
@@ -240,6 +240,20 @@ class Soak:
         )
 
 
+    def _observe_all(self) -> list[Hashable]:
+        """The output, read until a read brings nothing new (a topic's read returns at most a
+        thousand new records)."""
+        got: list[Hashable] | None = None
+        for _ in range(100):
+            again = self.campaign.observe()
+            if again is None:  # a service being faulted: read it again
+                time.sleep(0.5)
+                continue
+            if got is not None and len(again) == len(got):
+                break
+            got = again
+        return got if got is not None else self.campaign.output()
+
     def _read_by_done_batch(self) -> Counter[int]:
         """How often each input id sits below the end offsets of the newest batch a journal of the
         query marks done."""
@@ -251,7 +265,12 @@ class Soak:
             ends = self.campaign.spark_log.source_offsets(max(done))[0][self.campaign.ctx.input_topic]
         except (OSError, LookupError, TypeError, ValueError):
             return Counter()  # pruned meanwhile: the next row judges
-        self.input.read(0.5)
+        before = -1
+        for _ in range(100):  # a read returns at most a thousand new records: read until nothing new comes
+            if len(self.input.records) == before:
+                break
+            before = len(self.input.records)
+            self.input.read(0.5)
         return Counter(int(value) for (partition, offset), value in self.input.records.items()
                        if offset < int(ends.get(str(partition), 0)) and value.lstrip(b"-").isdigit())
 
