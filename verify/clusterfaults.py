@@ -57,13 +57,16 @@ class ClusterFaults:
         self.kafka, self.topic, self.crash_dir, self.spark_log, self.spark = kafka, topic, crash_dir, spark_log, spark
         self.config = KafkaConfig(kafka.bootstrap_servers)
         self._notes: dict[str, str] = {}  # per kind, what its last injection hit
+        self._planned_before: int | None = None  # the last batch planned before the fault's chunk
 
     def note(self, kind: str) -> str:
         return f"; {self._notes[kind]}" if kind in self._notes else ""
 
     def before_input(self, fault: Fault) -> None:
-        """Before the chunk: a healthy cluster for a broker fault, and for a coordinator kill
-        the hold armed, so that the first commit of the chunk's batch stops there."""
+        """Before the chunk: a healthy cluster for a broker fault, for a coordinator kill the
+        hold armed, so that the first commit of the chunk's batch stops there, and for an
+        executor kill the last batch planned so far (the batch to hit reads the chunk)."""
+        self._planned_before = self.spark_log.latest_planned()
         if fault.kind.startswith("kafka-"):
             self._wait_healthy()
         if fault.kind == "kafka-coordinator-kill":
@@ -150,15 +153,18 @@ class ClusterFaults:
         return broker
 
     def _kill_executor(self) -> bool:
-        """SIGKILL an executor JVM once a batch is planned and not yet committed."""
+        """SIGKILL an executor JVM once a batch that reads the chunk is planned and not yet
+        committed."""
         kind = "spark-executor-kill"
         if self.spark is None:
             raise VerifyError("spark-executor-kill needs a Spark standalone cluster (run_campaign's spark_cluster)")
+        first = -1 if self._planned_before is None else self._planned_before + 1
         deadline = time.monotonic() + REACH_S
         while True:
             planned, committed = self.spark_log.latest_planned(), self.spark_log.latest_completed()
-            executors = self.spark.executor_pids()
-            if planned is not None and planned != committed and executors:
+            running = planned is not None and planned >= first and planned != committed
+            executors = self.spark.executor_pids() if running else []
+            if executors:
                 break
             if time.monotonic() > deadline:
                 self._notes[kind] = "no batch ran on an executor"
