@@ -16,10 +16,14 @@ from oncekit.connectors.services import BACKENDS
 from oncekit.core.errors import OncekitError
 
 
+SECURED_HELP = ("local backend: Kafka with SASL_SSL (SCRAM-SHA-256) only, PostgreSQL with TLS and "
+                "scram-sha-256 only, certificates of a CA made for them")
+
+
 def _services(args: argparse.Namespace) -> int:
     from oncekit.connectors import services
 
-    return services.command(args.action, args.backend, args.show_dsn, args.brokers)
+    return services.command(args.action, args.backend, args.show_dsn, args.brokers, args.secured)
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -35,7 +39,8 @@ def _verify(args: argparse.Namespace) -> int:
         return command.soak(args.pipeline or "fan-out-postgres-kafka-wal", args.soak, args.seed, args.backend,
                             args.rate, args.fault_every, args.sample_every, args.json)
     return command.main(args.pipeline or "postgres-two-phase-commit", args.faults, args.seed, args.guarantee,
-                        args.backend, args.duplicates, args.malformed, args.late, args.json, args.brokers)
+                        args.backend, args.duplicates, args.malformed, args.late, args.json, args.brokers,
+                        args.secured)
 
 
 def _produce(args: argparse.Namespace) -> int:
@@ -146,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     services.add_argument("--show-dsn", action="store_true", help="print the DSN with its password")
     services.add_argument("--brokers", type=int, default=1,
                           help="Kafka brokers: 1, or a KRaft cluster of 3 (replication 3, min.insync.replicas 2)")
+    services.add_argument("--secured", action="store_true", help=SECURED_HELP)
     services.set_defaults(run=_services)
 
     demo = commands.add_parser("demo", help="the main job: the reference pipeline end to end, with a crash and a restart")
@@ -186,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--json", help="write the results to this file")
     check.add_argument("--brokers", type=int, default=1,
                        help="Kafka brokers: 1, or 3 (a replicated cluster; the faults then include one broker's)")
+    check.add_argument("--secured", action="store_true", help=SECURED_HELP)
     check.add_argument("--soak", metavar="DURATION", help="instead of --faults: run this long (30m, 2h) at a steady "
                        "input rate with a fault every --fault-every seconds, printing what must stay bounded")
     check.add_argument("--rate", type=float, default=10.0, help="--soak: input records per second")

@@ -91,7 +91,8 @@ def _kafka(config: PipelineConfig) -> list[Check]:
     from oncekit.sinks.kafka import DEFAULT_TRANSACTION_TIMEOUT_MS as sink_timeout_ms
 
     bootstrap = config.kafka_bootstrap()
-    reached = _reachable("kafka", bootstrap, check_broker,
+    client = config.kafka_config().client if bootstrap else {}
+    reached = _reachable("kafka", bootstrap, lambda address: check_broker(address, client),
                          "set [services] kafka_bootstrap, ONCEKIT_KAFKA_BOOTSTRAP, or run 'oncekit services up'",
                          "start the broker, or fix the bootstrap address; a single broker needs "
                          "transaction.state.log.replication.factor=1 and transaction.state.log.min.isr=1",
@@ -99,10 +100,11 @@ def _kafka(config: PipelineConfig) -> list[Check]:
     if reached.status == FAIL:
         return [reached]
     checks = [reached]
+    kafka = KafkaConfig(bootstrap, dict(client))
     try:
-        metadata = AdminClient(KafkaConfig(bootstrap).settings()).list_topics(timeout=10)
+        metadata = AdminClient(kafka.settings()).list_topics(timeout=10)
         brokers = len(metadata.brokers)
-        settings: dict[str, Any] = broker_settings(KafkaConfig(bootstrap))
+        settings: dict[str, Any] = broker_settings(kafka)
     except KafkaException as exc:
         return [*checks, Check("kafka settings", WARN, f"cannot read the broker's settings: {exc.args[0]}",
                                "grant DescribeConfigs on the cluster to check them")]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -19,7 +20,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic  # type: ignore[attr-defined]
 
 from oncekit.connectors.redact import redact_config
-from oncekit.core.errors import ConfigError, ServiceError
+from oncekit.core.errors import AccessError, ConfigError, ServiceError
 
 logger = logging.getLogger(__name__)
 
@@ -150,6 +151,26 @@ class BrokerAddress:
     internal_port: int | None = None
 
 
+def client_properties(path: str) -> dict[str, str]:
+    """librdkafka settings from a properties file (``key=value`` lines, ``#`` comments), as
+    Kafka's own tools take a client's security settings, so that a password stays in a file of
+    its own rather than in a shared configuration or on a command line."""
+    try:
+        lines = open(path, encoding="utf-8").read().splitlines()
+    except OSError as exc:
+        raise ConfigError(f"kafka: cannot read the client settings file {path}: {exc.strerror}") from exc
+    settings = {}
+    for number, line in enumerate(lines, 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, equals, value = line.partition("=")
+        if not equals:
+            raise ConfigError(f"kafka: {path} line {number}: expected key=value")
+        settings[key.strip()] = value.strip()
+    return settings
+
+
 def broker_properties(node: BrokerAddress, cluster: Sequence[BrokerAddress] = (),
                       bind_host: str = "127.0.0.1") -> dict[str, str]:
     """Server properties of ``node``, one of ``cluster`` (default: a cluster of ``node`` alone).
@@ -193,22 +214,75 @@ def broker_properties(node: BrokerAddress, cluster: Sequence[BrokerAddress] = ()
     }
 
 
+# librdkafka's codes for what no retry cures: credentials refused, a certificate not trusted.
+_ACCESS_CODES = frozenset({KafkaError._AUTHENTICATION, KafkaError._SSL, KafkaError.SASL_AUTHENTICATION_FAILED,
+                           KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.CLUSTER_AUTHORIZATION_FAILED})
+
+
+def _probe(config: KafkaConfig) -> tuple[AdminClient, list[KafkaError]]:
+    """An admin client whose errors (reported to ``error_cb``) land in the list returned with it."""
+    seen: list[KafkaError] = []
+    settings: dict[str, Any] = {**config.settings(logger=_PROBE_LOG), "error_cb": seen.append}
+    return AdminClient(settings), seen
+
+
+def _access_error(bootstrap_servers: str, admin: AdminClient, seen: list[KafkaError]) -> AccessError | None:
+    """The credentials or certificate error ``admin`` met so far, if any. librdkafka reports
+    those only to ``error_cb`` (a call that fails says "transport failure"), which runs in
+    ``poll``. Its text names the broker and the failure, never the password."""
+    admin.poll(0.2)
+    for error in seen:
+        if error.code() in _ACCESS_CODES:
+            return AccessError(f"kafka at {bootstrap_servers}: {error.str()}")
+    return None
+
+
+def _metadata(bootstrap_servers: str, admin: AdminClient, seen: list[KafkaError], timeout_s: float) -> Any:
+    """``admin.list_topics`` within ``timeout_s``, asked a second at a time so that refused
+    credentials or an untrusted certificate raise AccessError within about a second."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return admin.list_topics(timeout=min(1.0, max(0.1, deadline - time.monotonic())))
+        except KafkaException:
+            found = _access_error(bootstrap_servers, admin, seen)
+            if found is not None:
+                raise found from None
+            if time.monotonic() >= deadline:
+                raise
+
+
+def check_access(config: KafkaConfig, timeout_s: float = 10.0) -> None:
+    """Raise AccessError if the cluster refuses ``config``'s credentials or serves a certificate
+    it does not trust; any other failure (a broker down) is left to the caller's own calls.
+    Called by the Kafka sinks' preflight and by the source when a call fails, so that a wrong
+    password says so within seconds instead of as a timeout."""
+    admin, seen = _probe(config)
+    try:
+        _metadata(config.bootstrap_servers, admin, seen, timeout_s)
+    except KafkaException:
+        pass  # not an access failure: the caller's own calls say what it is
+
+
 def check_broker(bootstrap_servers: str, client: Mapping[str, Any] | None = None, brokers: int = 1) -> None:
     """Raise unless the cluster's metadata lists ``brokers`` brokers (or more) and a
-    transactional producer can initialise.
+    transactional producer can initialise; AccessError when it refuses the credentials or the
+    certificate.
 
     Metadata alone is not enough: the transaction coordinator loads its log after the broker
     starts, and until then every transactional producer fails.
     """
     config = KafkaConfig(bootstrap_servers, dict(client or {}))
+    admin, seen = _probe(config)
     try:
-        metadata = AdminClient(config.settings(logger=_PROBE_LOG)).list_topics(timeout=5)
+        metadata = _metadata(bootstrap_servers, admin, seen, 5.0)
         if len(metadata.brokers) < brokers:
             raise ServiceError(f"kafka at {bootstrap_servers}: {len(metadata.brokers)} of {brokers} brokers in the metadata")
         producer = Producer(config.settings(transactional_id=f"oncekit-probe-{uuid.uuid4()}", logger=_PROBE_LOG))
         producer.init_transactions(10)
     except KafkaException as exc:
-        raise ServiceError(f"kafka at {bootstrap_servers}: {exc.args[0]}") from exc
+        raise _access_error(bootstrap_servers, admin, seen) or ServiceError(
+            f"kafka at {bootstrap_servers}: {exc.args[0]}") from exc
 
 
 def create_topic(config: KafkaConfig, topic: str, partitions: int = 1, replication_factor: int = -1) -> None:

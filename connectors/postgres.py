@@ -9,7 +9,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from oncekit.connectors.redact import redact_dsn
-from oncekit.core.errors import ConfigError, ServiceError
+from oncekit.core.errors import AccessError, ConfigError, ServiceError
 from oncekit.core.names import TransactionId
 
 MAX_PREPARED_TRANSACTIONS = 64
@@ -53,14 +53,24 @@ def connect(dsn: str, autocommit: bool = False, connect_timeout: int = 10) -> ps
     return psycopg.connect(make_conninfo(dsn, **defaults), autocommit=autocommit)
 
 
+# What libpq says when the server refuses the credentials or TLS cannot be trusted; a
+# connection that fails this way reports no SQLSTATE.
+_ACCESS_FAILURES = ("password authentication failed", "no pg_hba.conf entry", "certificate", "SSL error",
+                    "does not match host name", "server does not support SSL")
+
+
 def check_server(dsn: str) -> None:
-    """Raise unless the server accepts a connection and answers a query."""
+    """Raise unless the server accepts a connection and answers a query: AccessError when it
+    refuses the credentials or TLS fails (a certificate not trusted, a name that does not
+    match), ServiceError for anything else."""
     try:
         with connect(dsn, autocommit=True, connect_timeout=5) as conn:
             conn.execute("SELECT 1")
     except psycopg.Error as exc:
         # psycopg's message can quote the connection string; never pass it on unredacted.
-        raise ServiceError(f"postgres at {redact_dsn(dsn)}: {redact_dsn(str(exc)).strip()}") from exc
+        message = redact_dsn(str(exc)).strip()
+        refused = exc.sqlstate in ("28P01", "28000") or any(text in message for text in _ACCESS_FAILURES)
+        raise (AccessError if refused else ServiceError)(f"postgres at {redact_dsn(dsn)}: {message}") from exc
 
 
 def prepared_transactions(conn: psycopg.Connection[Any], prefix: str = TransactionId.PREFIX) -> list[str]:

@@ -5,7 +5,7 @@ Called by ``oncekit demo`` through :func:`load`, and by ``oncekit pipeline``, ``
 and ``oncekit doctor`` through :func:`load_with_services`. The file has five tables, each optional
 (the packaged ``pipeline.toml`` holds every default)::
 
-    [services]    backend, kafka_bootstrap, postgres_dsn (or the ONCEKIT_* environment variables)
+    [services]    backend, kafka_bootstrap, postgres_dsn, kafka_client_config (or the ONCEKIT_* environment variables)
     [topics]      payments, balance_updates, partitions
     [tables]      balances, minute_totals, late_events, dead_letters
     [guarantees]  balances, minute_totals, balance_updates (the sink protocols)
@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from oncekit.connectors.kafka import KafkaConfig, client_properties
 from oncekit.connectors.redact import redact_dsn
 from oncekit.connectors.services import load_state
 from oncekit.core.errors import ConfigError
@@ -49,10 +50,11 @@ class ServicesConfig:
     backend: str = "auto"
     kafka_bootstrap: str = ""
     postgres_dsn: str = field(default="", repr=False)
+    kafka_client_config: str = ""  # a file of librdkafka settings (security), see kafka_config()
 
     def __repr__(self) -> str:
         return (f"ServicesConfig(backend={self.backend!r}, kafka_bootstrap={self.kafka_bootstrap!r}, "
-                f"postgres_dsn={redact_dsn(self.postgres_dsn)!r})")
+                f"postgres_dsn={redact_dsn(self.postgres_dsn)!r}, kafka_client_config={self.kafka_client_config!r})")
 
 
 @dataclass(frozen=True)
@@ -128,6 +130,14 @@ class PipelineConfig:
 
     def postgres_dsn(self) -> str:
         return self.services.postgres_dsn or os.environ.get("ONCEKIT_POSTGRES_DSN", "")
+
+    def kafka_config(self) -> KafkaConfig:
+        """The cluster and its client settings: the librdkafka settings (``key=value`` lines:
+        security protocol, SASL, CA) of the file ``[services] kafka_client_config`` or
+        ``ONCEKIT_KAFKA_CLIENT_CONFIG`` names, none when neither is set. A file, so that the
+        password stays out of the pipeline's configuration and off command lines."""
+        path = self.services.kafka_client_config or os.environ.get("ONCEKIT_KAFKA_CLIENT_CONFIG", "")
+        return KafkaConfig(self.kafka_bootstrap(), client_properties(path) if path else {})
 
     def with_services(self, kafka_bootstrap: str, postgres_dsn: str) -> PipelineConfig:
         """The same configuration pointed at running services (the demo's own)."""

@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from oncekit.connectors.kafka import CLIENTS
+from oncekit.connectors.kafka import CLIENTS, KafkaConfig, check_access
 from oncekit.connectors.redact import redact_config
 from oncekit.core.errors import ConfigError, DataLossError, OncekitError, SourceReadError
 
@@ -119,6 +119,12 @@ class KafkaSourceOptions:
         }
         settings.update(extra)
         return Consumer(settings)
+
+    @property
+    def kafka(self) -> KafkaConfig:
+        """The same client settings as the kit's own Kafka configuration."""
+        rest = {key: value for key, value in self.client.items() if key != "bootstrap.servers"}
+        return KafkaConfig(self.client["bootstrap.servers"], rest)
 
     @property
     def pool_key(self) -> tuple[str, ...]:
@@ -253,7 +259,11 @@ def watermarks(options: KafkaSourceOptions) -> dict[tuple[str, int], tuple[int, 
     stable offset, so open transactions are never planned into a batch. Called by the driver-side
     reader at every trigger, on a consumer of the process's pool."""
     with options.borrowed_consumer() as consumer:
-        metadata = consumer.list_topics(timeout=30)
+        try:
+            metadata = consumer.list_topics(timeout=30)
+        except KafkaException:
+            check_access(options.kafka)  # a refused password or certificate says so, not "transport failure"
+            raise
         out = {}
         topics = options.topics
         if options.topic_pattern is not None:

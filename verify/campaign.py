@@ -26,7 +26,7 @@ from pathlib import Path
 import psycopg
 from confluent_kafka import KafkaException
 
-from oncekit.connectors import KafkaConfig, Services
+from oncekit.connectors import Services
 from oncekit.connectors.kafka import create_topic, end_offsets
 from oncekit.connectors.services.spark_cluster import StandaloneCluster
 from oncekit.core.crash import POINTS, arm, disarm, fired_at
@@ -36,7 +36,7 @@ from oncekit.verify.checker import GUARANTEES, Verdict, compare
 from oncekit.verify.clusterfaults import ClusterFaults
 from oncekit.verify.driver import DriverProcess
 from oncekit.verify.examples import EXAMPLES, PER_BATCH, PipelineContext, sink_kind
-from oncekit.verify.faults import CLUSTER_FAULTS, POSTGRES_FAULTS, Fault, schedule
+from oncekit.verify.faults import CLUSTER_FAULTS, POSTGRES_FAULTS, Fault, postgres_steps, schedule
 from oncekit.verify.io import KafkaOutput, Upstream, prepare_target, prepared_transactions, produce_input, table_ids
 from oncekit.verify.pgfaults import PostgresFaults, install_holds
 from oncekit.verify.report import CampaignReport, FaultResult
@@ -57,12 +57,13 @@ class Campaign:
                  spark_cluster: StandaloneCluster | None = None) -> None:
         self.pipeline, self.services, self.work = pipeline, services, work
         self.kind = sink_kind(pipeline)
-        self.kafka = KafkaConfig(services.kafka.bootstrap_servers)
+        self.kafka = services.kafka.config
         self.chunk, self.catch_up_s, self.quiet_s = chunk, catch_up_s, quiet_s
         topic = f"verify-{name}".replace("_", "-")
         output = f"{topic}-out" if self.kind == "kafka" else f"verify_{name}".replace("-", "_")
         self.ctx = PipelineContext(services.kafka.bootstrap_servers, topic, output, str(work / "checkpoint"),
-                                   services.postgres.dsn, max_offsets_per_trigger=per_batch)
+                                   services.postgres.dsn, max_offsets_per_trigger=per_batch,
+                                   kafka_client=dict(services.kafka.client))
         self.spark_log = SparkLog(self.ctx.checkpoint)
         self.crash_dir = str(work / "crash")
         Path(self.crash_dir).mkdir(parents=True, exist_ok=True)
@@ -236,7 +237,8 @@ def run_campaign(pipeline: str, services: Services, faults: int | list[Fault], s
         raise ConfigError(f"guarantee {guarantee!r}: choose one of {', '.join(GUARANTEES)}")
     plan = faults if isinstance(faults, list) else schedule(
         seed, faults, example.points if example else POINTS, network_cuts=services.backend == "containers",
-        kafka_cluster=len(services.kafka.brokers) >= 3 and sink_kind(pipeline) != "postgres")
+        kafka_cluster=len(services.kafka.brokers) >= 3 and sink_kind(pipeline) != "postgres",
+        postgres_steps=postgres_steps(sink_kind(pipeline), example.protocol if example else None))
     name = f"{pipeline.replace(':', '-').replace('.', '-')}-{seed}-{time.time_ns() % 10**9}"
     with _work(work_dir) as work:
         campaign = Campaign(pipeline, services, name, work, chunk, per_batch, env, upstream=upstream,

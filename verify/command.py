@@ -16,7 +16,7 @@ from oncekit.verify.soak import table as soak_table
 
 
 def main(pipeline: str, faults: int, seed: int, guarantee: str | None, backend: str, duplicates: float,
-         malformed: float, late: float, json_path: str | None, brokers: int = 1) -> int:
+         malformed: float, late: float, json_path: str | None, brokers: int = 1, secured: bool = False) -> int:
     """Returns the exit code: 0 when every verdict meets the guarantee. ``brokers``: a Kafka
     cluster of that many brokers (3: the schedule adds the broker faults)."""
 
@@ -25,7 +25,7 @@ def main(pipeline: str, faults: int, seed: int, guarantee: str | None, backend: 
         print(f"[{bar:<20}] {done}/{total} {result.fault}: {result.verdict} "
               f"(batch {result.batch}, recovery {result.recovery_s:.1f} s)", flush=True)
 
-    started = start_services(backend, kafka_brokers=brokers)
+    started = start_services(backend, kafka_brokers=brokers, secured=secured)
     print(f"services ({started.backend}, {brokers} Kafka broker{'s' if brokers > 1 else ''}) ready; "
           f"{faults} faults into {pipeline}, seed {seed}", flush=True)
     with started.running() as services:

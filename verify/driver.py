@@ -29,8 +29,10 @@ def start_driver(pipeline: str, ctx: PipelineContext, crash_dir: str, drain: boo
     own, so that SIGKILL takes it and its Spark JVM together, with crash points read from
     ``crash_dir``. ``drain``: run until the input is drained (availableNow), once, without
     restarts; else run until SIGTERM, restarting the query as a restart strategy would."""
-    spec = {"pipeline": pipeline, "context": {**asdict(ctx), "dsn": ""}, "drain": drain}
-    environment = {**os.environ, **(env or {}), CRASH_DIR_ENV: crash_dir, "ONCEKIT_VERIFY_DSN": ctx.dsn}
+    # Secrets (the DSN's password, Kafka's SASL settings) go by environment, not on the command line.
+    spec = {"pipeline": pipeline, "context": {**asdict(ctx), "dsn": "", "kafka_client": {}}, "drain": drain}
+    environment = {**os.environ, **(env or {}), CRASH_DIR_ENV: crash_dir, "ONCEKIT_VERIFY_DSN": ctx.dsn,
+                   "ONCEKIT_VERIFY_KAFKA_CLIENT": json.dumps(ctx.kafka_client)}
     out = open(log, "ab") if log else subprocess.DEVNULL
     try:
         return subprocess.Popen([sys.executable, "-m", "oncekit.verify", json.dumps(spec)], env=environment,
@@ -47,7 +49,8 @@ def main(spec_text: str) -> int:
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     spec = json.loads(spec_text)
-    context = {**spec["context"], "dsn": os.environ.get("ONCEKIT_VERIFY_DSN", "")}
+    context = {**spec["context"], "dsn": os.environ.get("ONCEKIT_VERIFY_DSN", ""),
+               "kafka_client": json.loads(os.environ.get("ONCEKIT_VERIFY_KAFKA_CLIENT") or "{}")}
     if spec["drain"]:
         context["trigger"] = {"availableNow": True}
     ctx = PipelineContext(**context)

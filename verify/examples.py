@@ -68,6 +68,12 @@ class PipelineContext:
     dsn: str = field(default="", repr=False)
     trigger: dict[str, Any] = field(default_factory=lambda: {"processingTime": "500 milliseconds"})
     max_offsets_per_trigger: int = PER_BATCH
+    kafka_client: dict[str, str] = field(default_factory=dict, repr=False)  # security settings: secret
+
+    @property
+    def kafka(self) -> KafkaConfig:
+        """The Kafka cluster and the client settings (security) every client needs."""
+        return KafkaConfig(self.bootstrap_servers, self.kafka_client)
 
 
 def integers(spark: Any, kafka: KafkaConfig, topic: str, per_batch: int = PER_BATCH, starting: str = "earliest") -> Any:
@@ -75,7 +81,7 @@ def integers(spark: Any, kafka: KafkaConfig, topic: str, per_batch: int = PER_BA
     from oncekit.sources.kafka import kafka_stream
 
     return kafka_stream(spark, kafka.bootstrap_servers, topic, max_offsets_per_trigger=per_batch,
-                        starting_offsets=starting).selectExpr(
+                        starting_offsets=starting, **{f"kafka.{k}": str(v) for k, v in kafka.client.items()}).selectExpr(
         "TRY_CAST(CAST(value AS STRING) AS INT) AS id", "CAST(value AS STRING) AS payload").where("id IS NOT NULL")
 
 
@@ -88,9 +94,10 @@ def example_sink(sink: str, kafka: KafkaConfig, dsn: str, target: str) -> SinkCo
     if example.kind == "fan-out":
         table, topic = example.protocol.split("+")
         return fan_out({"table": postgres_sink(dsn, target, table, columns=("id", "payload")),
-                        "topic": kafka_sink(kafka.bootstrap_servers, target, topic, columns=("key", "value"))})
+                        "topic": kafka_sink(kafka.bootstrap_servers, target, topic, columns=("key", "value"),
+                                            client=dict(kafka.client))})
     if example.kind == "kafka":
-        return kafka_sink(kafka.bootstrap_servers, target, example.protocol)
+        return kafka_sink(kafka.bootstrap_servers, target, example.protocol, client=dict(kafka.client))
     return postgres_sink(dsn, target, example.protocol, key_columns=("id",) if example.protocol == "idempotent" else ())
 
 
@@ -107,7 +114,7 @@ def start_example(sink: str, spark: Any, ctx: PipelineContext) -> Any:
     """Start the kit's example pipeline ``sink`` (a key of :data:`EXAMPLES`) as ``ctx`` says."""
     from oncekit.core.spark.query import start_query
 
-    kafka = KafkaConfig(ctx.bootstrap_servers)
+    kafka = ctx.kafka
     if EXAMPLES[sink].discards_checkpoint:  # the operator's mistake this example stands for
         shutil.rmtree(ctx.checkpoint, ignore_errors=True)
     return start_query(example_frame(sink, spark, kafka, ctx.input_topic, ctx.max_offsets_per_trigger),

@@ -59,16 +59,19 @@ class Fault:
 
 
 def schedule(seed: int, count: int, points: Iterable[str] = POINTS, network_cuts: bool = True,
-             kafka_cluster: bool = False) -> list[Fault]:
+             kafka_cluster: bool = False, postgres_steps: Iterable[str] = ()) -> list[Fault]:
     """A reproducible fault schedule: about half crash points, a tenth driver kills, a third
     service faults (network cuts only where the backend can make them). With ``kafka_cluster``
     (three brokers or more, and a sink that writes to Kafka) two service faults in three hit one
     broker (:data:`KAFKA_CLUSTER_FAULTS`), down or cut off long enough (3-15 s) for the cluster
-    to notice (a broker's session times out after 9 s) or not."""
+    to notice (a broker's session times out after 9 s) or not. ``postgres_steps`` (kinds of
+    :data:`POSTGRES_FAULTS` the pipeline's sink reaches, see :func:`postgres_steps`) take half of
+    the service faults that remain."""
     rng = random.Random(seed)
     points = tuple(points)
     services = [k for k in SERVICE_FAULTS if network_cuts or not k.endswith("-cut")]
     brokers = [k for k in KAFKA_CLUSTER_FAULTS if network_cuts or not k.endswith("-cut")] if kafka_cluster else []
+    steps = list(postgres_steps)
     faults = []
     for _ in range(count):
         draw = rng.random()
@@ -79,7 +82,19 @@ def schedule(seed: int, count: int, points: Iterable[str] = POINTS, network_cuts
         elif brokers and rng.random() < 0.67:
             faults.append(Fault(rng.choice(brokers), delay_s=round(rng.uniform(0.0, 1.5), 1),
                                 outage_s=round(rng.uniform(3.0, 15.0))))
+        elif steps and rng.random() < 0.5:
+            faults.append(Fault(rng.choice(steps), outage_s=round(rng.uniform(1.0, 4.0))))
         else:
             faults.append(Fault(rng.choice(services), delay_s=round(rng.uniform(0.0, 1.5), 1),
                                 outage_s=round(rng.uniform(1.0, 6.0))))
     return faults
+
+
+def postgres_steps(kind: str, protocol: str | None) -> tuple[str, ...]:
+    """The :data:`POSTGRES_FAULTS` a pipeline reaches: none without a table (``kind`` kafka);
+    the kills in PREPARE and between COMMIT PREPAREDs only with two-phase commit (``protocol``
+    of one of the kit's examples; None for a user's pipeline, whose protocol is not known)."""
+    if kind == "kafka":
+        return ()
+    prepares = protocol is not None and "two-phase-commit" in protocol
+    return tuple(k for k in POSTGRES_FAULTS if prepares or k in ("postgres-terminate", "postgres-restart-batch"))

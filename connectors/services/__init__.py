@@ -35,12 +35,40 @@ def resolve_backend(backend: str) -> str:
     return "containers" if engine_answers() else "local"
 
 
-def start_services(backend: str = "auto", kafka_brokers: int = 1) -> Services:
+def start_secured_services() -> Services:
+    """The local backend's secured pair, as production runs them: a Kafka broker whose only
+    client listener is SASL_SSL (SCRAM-SHA-256) and a PostgreSQL server that takes only TLS with
+    scram-sha-256, both serving certificates of a CA made here for them. Clients trust that CA
+    alone (the service handles carry its certificate's path: the broker's ``client`` settings,
+    the server's DSN with ``sslmode=verify-full``); its private key is deleted once both
+    certificates are signed."""
+    import tempfile
+
+    from oncekit.connectors.services.local import LocalPostgres, SecuredLocalKafka
+    from oncekit.connectors.services.tls import CertificateAuthority
+
+    with tempfile.TemporaryDirectory(prefix="oncekit-ca-") as folder:
+        ca = CertificateAuthority.create(Path(folder))
+        kafka = SecuredLocalKafka.secured(ca)
+        try:
+            postgres = LocalPostgres.create(ca)
+        except BaseException:
+            kafka.remove()
+            raise
+    return Services("local", kafka, postgres)
+
+
+def start_services(backend: str = "auto", kafka_brokers: int = 1, secured: bool = False) -> Services:
     """Start (or, for ``external``, find) Kafka and a PostgreSQL server and wait until both are
     ready: every broker answers metadata, a transactional producer initialises, the server
     accepts a connection. ``kafka_brokers``: 1 (the default, fastest), or a KRaft cluster of 3 or
     more, replicated as in production (see :func:`~oncekit.connectors.kafka.broker_properties`).
-    A failure raises ServiceError and leaves nothing running."""
+    A failure raises ServiceError and leaves nothing running. ``secured``: the local backend's
+    secured pair (:func:`start_secured_services`), one broker."""
+    if secured:
+        if backend not in ("auto", "local") or kafka_brokers != 1:
+            raise ConfigError("secured services: the local backend with one broker only")
+        return start_secured_services()
     chosen = resolve_backend(backend)
     if chosen == "external":
         from oncekit.connectors.services.external import ExternalKafka, ExternalPostgres
@@ -122,9 +150,10 @@ def load_state() -> Services | None:
 
         return Services(backend, ContainerKafka.from_state(payload["kafka"]), ContainerPostgres.from_state(payload["postgres"]))
     if backend == "local":
-        from oncekit.connectors.services.local import LocalKafka, LocalPostgres
+        from oncekit.connectors.services.local import LocalKafka, LocalPostgres, SecuredLocalKafka
 
-        return Services(backend, LocalKafka.from_state(payload["kafka"]), LocalPostgres.from_state(payload["postgres"]))
+        kafka_type = SecuredLocalKafka if "password" in payload["kafka"] else LocalKafka
+        return Services(backend, kafka_type.from_state(payload["kafka"]), LocalPostgres.from_state(payload["postgres"]))
     from oncekit.connectors.services.external import ExternalKafka, ExternalPostgres
 
     return Services(backend, ExternalKafka(), ExternalPostgres())
@@ -134,7 +163,7 @@ def forget_state() -> None:
     state_file().unlink(missing_ok=True)
 
 
-def command(action: str, backend: str, show_dsn: bool = False, brokers: int = 1) -> int:
+def command(action: str, backend: str, show_dsn: bool = False, brokers: int = 1, secured: bool = False) -> int:
     """``oncekit services up|down|status``: start (``brokers`` Kafka brokers) and remember, stop
     and forget, or check the services; prints the bootstrap servers and the DSN with its
     password hidden unless ``show_dsn``. Returns the exit code."""
@@ -143,7 +172,7 @@ def command(action: str, backend: str, show_dsn: bool = False, brokers: int = 1)
         if current is not None:
             print(f"services already up ({current.backend}); run 'oncekit services down' first", file=sys.stderr)
             return 1
-        current = start_services(backend, kafka_brokers=brokers)
+        current = start_services(backend, kafka_brokers=brokers, secured=secured)
         path = save_state(current)
         print(f"backend: {current.backend}  (state in {path})")
     elif current is None:
@@ -162,5 +191,8 @@ def command(action: str, backend: str, show_dsn: bool = False, brokers: int = 1)
             except OncekitError as exc:
                 print(f"{service.name}: NOT READY: {exc}")
     print(f"kafka bootstrap: {current.kafka.bootstrap_servers}")
+    client_config = getattr(current.kafka, "client_config", None)  # secured services only
+    if client_config is not None:
+        print(f"kafka client:    {client_config}  (librdkafka settings with the password; ONCEKIT_KAFKA_CLIENT_CONFIG)")
     print(f"postgres dsn:    {current.postgres.dsn if show_dsn else redact_dsn(current.postgres.dsn)}")
     return 0

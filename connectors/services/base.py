@@ -10,16 +10,17 @@ from __future__ import annotations
 import socket
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
-from oncekit.connectors.kafka import check_broker
+from oncekit.connectors.kafka import KafkaConfig, check_broker
 from oncekit.connectors.postgres import check_server
 from oncekit.connectors.redact import redact_dsn
-from oncekit.core.errors import ServiceError
+from oncekit.core.errors import AccessError, ServiceError
 
 
 def free_port() -> int:
@@ -47,13 +48,16 @@ def port_in_use(port: int) -> bool:
 def wait_until(check: Callable[[], None], timeout_s: float, what: str) -> None:
     """Call ``check`` until it returns without raising, or raise ServiceError after ``timeout_s``.
 
-    The last failure is named in the error, so a start-up that never gets ready says why.
+    The last failure is named in the error, so a start-up that never gets ready says why. An
+    AccessError (credentials or certificate refused) is raised at once.
     """
     deadline = time.monotonic() + timeout_s
     while True:
         try:
             check()
             return
+        except AccessError:
+            raise  # a wrong password or an untrusted certificate stays wrong
         except Exception as exc:
             if time.monotonic() >= deadline:
                 raise ServiceError(f"{what} not ready after {timeout_s:.0f} s: {exc}") from exc
@@ -128,6 +132,15 @@ class KafkaService(Service):
     name = "kafka"
     bootstrap_servers: str
     node_id = 1
+    client: Mapping[str, str] = MappingProxyType({})
+    """librdkafka settings every client of this service needs (security protocol, SASL, the CA):
+    none for a plaintext broker. Secret; never shown (see :attr:`config`'s repr)."""
+
+    @property
+    def config(self) -> KafkaConfig:
+        """How clients reach this service: every client the kit's tests, harness and CLI build
+        for it is made from this."""
+        return KafkaConfig(self.bootstrap_servers, dict(self.client))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(bootstrap_servers={self.bootstrap_servers!r})"
@@ -139,7 +152,7 @@ class KafkaService(Service):
         return [self]
 
     def wait_ready(self, timeout_s: float = 120.0) -> None:
-        wait_until(lambda: check_broker(self.bootstrap_servers), timeout_s, f"kafka at {self.bootstrap_servers}")
+        wait_until(lambda: check_broker(self.bootstrap_servers, self.client), timeout_s, f"kafka at {self.bootstrap_servers}")
 
 
 class KafkaCluster(KafkaService):

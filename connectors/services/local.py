@@ -16,9 +16,14 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
+from urllib.parse import quote
+
+from psycopg.conninfo import make_conninfo
 
 from oncekit.connectors.redact import redact_dsn
+from oncekit.connectors.services.tls import CertificateAuthority
 from oncekit.connectors.services.base import (
     KafkaCluster,
     KafkaService,
@@ -196,11 +201,12 @@ class LocalKafka(_LocalService, KafkaService):
             raise
         return cluster.brokers[0] if brokers == 1 else cluster
 
-    def _format(self, properties: dict[str, str]) -> None:
+    def _format(self, properties: dict[str, str], *format_args: str) -> None:
         properties = {**properties, "log.dirs": str(self.data_dir / "data")}
         self._config.write_text("".join(f"{key}={value}\n" for key, value in properties.items()))
+        self._config.chmod(0o600)  # a secured broker's file holds its keystore password
         formatted = subprocess.run(
-            [*self._java, "kafka.tools.StorageTool", "format", "-t", CLUSTER_ID, "-c", str(self._config)],
+            [*self._java, "kafka.tools.StorageTool", "format", "-t", CLUSTER_ID, "-c", str(self._config), *format_args],
             capture_output=True, text=True, check=False,
         )
         if formatted.returncode != 0:
@@ -233,10 +239,87 @@ class LocalKafka(_LocalService, KafkaService):
                    state.get("node_id", 1))
 
 
-class LocalPostgres(_LocalService, PostgresService):
+class SecuredLocalKafka(LocalKafka):
+    """One local broker whose only client listener is SASL_SSL: TLS with a certificate that a
+    given CA signed, and SCRAM-SHA-256 with one user, :data:`USER`, whose password is made here.
+    Its :attr:`client` settings carry what clients need (the password and the CA's certificate);
+    the broker's own connections to itself use the same listener."""
 
-    def __init__(self, data_dir: Path, port: int, password: str, pid: int | None = None) -> None:
-        self.data_dir, self.port, self._password = data_dir, port, password
+    USER = "oncekit"
+
+    def __init__(self, data_dir: Path, port: int, controller_port: int, password: str, pid: int | None = None) -> None:
+        super().__init__(data_dir, port, controller_port, pid)
+        self._password = password
+        self.client = MappingProxyType({
+            "security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-256", "sasl.username": self.USER,
+            "sasl.password": password, "ssl.ca.location": str(data_dir / "ca.pem"),
+        })
+
+    @classmethod
+    def secured(cls, ca: CertificateAuthority) -> SecuredLocalKafka:
+        import secrets
+
+        port, controller_port = free_ports(2)
+        kafka = cls(Path(tempfile.mkdtemp(prefix="oncekit-kafka-secured-")), port, controller_port,
+                    secrets.token_urlsafe(16))
+        try:
+            store_password = secrets.token_urlsafe(16)
+            shutil.copy(ca.certificate, kafka.data_dir / "ca.pem")
+            keystore = kafka.data_dir / "server.p12"
+            shutil.copy(ca.issue("kafka").pkcs12(store_password), keystore)
+            plain = broker_properties(BrokerAddress(1, port, controller_port))
+            kafka._format({**{key: _sasl_ssl(value) if key in _CLIENT_LISTENER_KEYS else value
+                              for key, value in plain.items()},
+                           "sasl.enabled.mechanisms": "SCRAM-SHA-256",
+                           "sasl.mechanism.inter.broker.protocol": "SCRAM-SHA-256",
+                           "listener.name.sasl_ssl.scram-sha-256.sasl.jaas.config":
+                               "org.apache.kafka.common.security.scram.ScramLoginModule required "
+                               f'username="{cls.USER}" password="{kafka._password}";',
+                           "ssl.keystore.type": "PKCS12", "ssl.keystore.location": str(keystore),
+                           "ssl.keystore.password": store_password, "ssl.key.password": store_password,
+                           "ssl.truststore.type": "PEM", "ssl.truststore.location": str(kafka.data_dir / "ca.pem")},
+                          "--add-scram", f"SCRAM-SHA-256=[name={cls.USER},password={kafka._password}]")
+            kafka.client_config.write_text("".join(f"{key}={value}\n" for key, value in kafka.client.items()))
+            kafka.client_config.chmod(0o600)
+            kafka.start()
+        except BaseException:
+            kafka.remove()
+            raise
+        return kafka
+
+    @property
+    def client_config(self) -> Path:
+        """The :attr:`client` settings as a properties file (0600), for ``oncekit doctor`` and the
+        reference pipeline (``[services] kafka_client_config``) and Kafka's own tools."""
+        return self.data_dir / "client.properties"
+
+    def state(self) -> dict[str, Any]:
+        return {**super().state(), "password": self._password}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> KafkaService:
+        return cls(Path(state["data_dir"]), state["port"], state["controller_port"], state["password"], state["pid"])
+
+
+# The single broker's properties that name its client listener (PLAINTEXT there).
+_CLIENT_LISTENER_KEYS = ("listeners", "advertised.listeners", "inter.broker.listener.name",
+                         "listener.security.protocol.map")
+
+
+def _sasl_ssl(value: str) -> str:
+    """``value`` with the listener named PLAINTEXT renamed SASL_SSL and given that protocol; the
+    controller's listener (CONTROLLER:PLAINTEXT, on loopback) stays as it is."""
+    value = value.replace("PLAINTEXT:PLAINTEXT", "SASL_SSL:SASL_SSL").replace("PLAINTEXT://", "SASL_SSL://")
+    return "SASL_SSL" if value == "PLAINTEXT" else value
+
+
+class LocalPostgres(_LocalService, PostgresService):
+    """A throwaway server; with ``tls`` (a CA's certificate and a server certificate in its data
+    folder, see :meth:`create`) it accepts only TLS connections with scram-sha-256, and its DSN
+    asks for ``sslmode=verify-full`` against that CA."""
+
+    def __init__(self, data_dir: Path, port: int, password: str, pid: int | None = None, tls: bool = False) -> None:
+        self.data_dir, self.port, self._password, self.tls = data_dir, port, password, tls
         self.dsn = f"postgresql://oncekit:{password}@127.0.0.1:{port}/oncekit"
         argv = [
             _postgres_bin("postgres"), "-D", str(data_dir / "data"), "-p", str(port), "-k", str(data_dir),
@@ -244,12 +327,18 @@ class LocalPostgres(_LocalService, PostgresService):
             # fsync only matters for machine crashes; a killed server loses nothing without it.
             "-c", "fsync=off",
         ]
+        if tls:
+            self.dsn += f"?sslmode=verify-full&sslrootcert={quote(str(data_dir / 'ca.pem'))}"
+            argv += ["-c", "ssl=on", "-c", f"ssl_cert_file={data_dir / 'server.pem'}",
+                     "-c", f"ssl_key_file={data_dir / 'server.key'}"]
         # SIGINT is PostgreSQL's fast shutdown: SIGTERM's smart shutdown would wait for every
         # client (the sinks' pooled sessions) to disconnect first.
         self._process = _Process(_as_postgres_user(argv), data_dir / "server.log", pid, signal.SIGINT)
 
     @classmethod
-    def create(cls) -> LocalPostgres:
+    def create(cls, ca: CertificateAuthority | None = None) -> LocalPostgres:
+        """A new cluster; with ``ca``, serving TLS with a certificate ``ca`` signs and refusing
+        every connection that is not TLS with scram-sha-256 (pg_hba.conf has hostssl lines only)."""
         import secrets
 
         initdb = _postgres_bin("initdb")
@@ -267,11 +356,17 @@ class LocalPostgres(_LocalService, PostgresService):
         pwfile.unlink()
         if result.returncode != 0:
             raise ServiceError(f"postgres: initdb failed: {result.stderr.strip()[-300:]}")
-        postgres = cls(data_dir, free_port(), password)
+        if ca is not None:
+            _install_tls(data_dir, ca)
+        postgres = cls(data_dir, free_port(), password, tls=ca is not None)
         postgres.start(database="postgres")
-        with connect(postgres.dsn.rsplit("/", 1)[0] + "/postgres", autocommit=True) as conn:
+        with connect(postgres.database_dsn("postgres"), autocommit=True) as conn:
             conn.execute("CREATE DATABASE oncekit")
         return postgres
+
+    def database_dsn(self, database: str) -> str:
+        """The DSN of another database of this server."""
+        return make_conninfo(self.dsn, dbname=database)
 
     def start(self, database: str = "oncekit") -> None:
         if port_in_use(self.port):
@@ -281,13 +376,30 @@ class LocalPostgres(_LocalService, PostgresService):
         time.sleep(0.3)
         if not self._process.alive():
             raise ServiceError(f"postgres: local server exited at start: {self._process.log_tail()}")
-        dsn = self.dsn.rsplit("/", 1)[0] + "/" + database
+        dsn = self.database_dsn(database)
         wait_until(lambda: check_server(dsn), 60, f"postgres at {redact_dsn(dsn)}")
 
     def state(self) -> dict[str, Any]:
         return {"data_dir": str(self.data_dir), "port": self.port, "password": self._password,
-                "pid": self._process.pid}
+                "pid": self._process.pid, "tls": self.tls}
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> LocalPostgres:
-        return cls(Path(state["data_dir"]), state["port"], state["password"], state["pid"])
+        return cls(Path(state["data_dir"]), state["port"], state["password"], state["pid"], state.get("tls", False))
+
+
+def _install_tls(data_dir: Path, ca: CertificateAuthority) -> None:
+    """The server's certificate and key (the key readable by the server's user alone, as
+    PostgreSQL demands), the CA clients verify it with, and a pg_hba.conf that takes TLS with
+    scram-sha-256 only (no ``host`` line, so a plain connection finds no entry)."""
+    issued = ca.issue("postgres")
+    shutil.copy(ca.certificate, data_dir / "ca.pem")
+    shutil.copy(issued.certificate, data_dir / "server.pem")
+    shutil.copy(issued.key, data_dir / "server.key")
+    os.chmod(data_dir / "server.key", 0o600)
+    hba = data_dir / "data" / "pg_hba.conf"
+    hba.write_text("local all all scram-sha-256\n"
+                   "hostssl all all 127.0.0.1/32 scram-sha-256\n"
+                   "hostssl all all ::1/128 scram-sha-256\n")
+    for path in (data_dir / "server.pem", data_dir / "server.key", hba):
+        _chown_postgres(path)

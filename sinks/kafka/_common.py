@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from oncekit.connectors.kafka import CLIENTS, broker_settings, client_log, create_topic
+from oncekit.connectors.kafka import CLIENTS, broker_settings, check_access, client_log, create_topic
 from oncekit.core.crash import crash_point
 from oncekit.core.errors import ConfigError, OncekitError, RecordError
 from oncekit.core.names import KafkaTransactionalId, MarkerGroup, OwnerGroup
@@ -135,6 +135,7 @@ class KafkaSinkBase:
         """Driver, at query start: the topic exists (or is created), and the transaction timeout
         fits under the broker's maximum."""
         kafka = self.config.kafka
+        check_access(kafka)  # a refused password or certificate fails here, at once and by name
         create_topic(kafka, self.config.topic, partitions=self.config.partitions)
         if self.config.dead_letter_topic:
             create_topic(kafka, self.config.dead_letter_topic, partitions=1)
@@ -147,7 +148,6 @@ class KafkaSinkBase:
                 f"broker's transaction.max.timeout.ms {maximum}; lower it or raise the broker's maximum"
             )
 
-    # -- clients -------------------------------------------------------------------------------
     def recorded_owner(self) -> SinkOwner | None:
         """From the metadata of :class:`~oncekit.core.names.OwnerGroup`'s committed offset on
         partition 0 of the topic."""
@@ -162,6 +162,7 @@ class KafkaSinkBase:
         with self._marker_consumer(OwnerGroup(self.sink_id)) as consumer:
             consumer.commit(offsets=[TopicPartition(self.config.topic, 0, 0, metadata)], asynchronous=False)
 
+    # -- clients -------------------------------------------------------------------------------
 
     def _new_producer(self, **extra: Any) -> Producer:
         # Delivery reports for failed records only: no Python callback per delivered record.

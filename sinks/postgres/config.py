@@ -6,7 +6,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from oncekit.connectors.redact import redact_dsn
+from oncekit.connectors.redact import join_dsn_password, redact_dsn, split_dsn_password
 from oncekit.core.errors import ConfigError
 from oncekit.core.protocol import Sink, SinkConfig
 from oncekit.sinks.postgres._common import FORMAT
@@ -56,8 +56,13 @@ class PostgresSinkConfig(SinkConfig):
                 f"sink_id={self.sink_id!r}, key_columns={self.key_columns!r})")
 
     def to_options(self) -> dict[str, str]:
-        options = {"dsn": self.dsn, "table": self.table, "protocol": self.protocol, "sinkid": self.sink_id,
+        """Spark's string options; the DSN's password goes apart, as ``password``, which Spark's
+        plans and UI show redacted (a password inside ``dsn`` they would show)."""
+        dsn, password = split_dsn_password(self.dsn)
+        options = {"dsn": dsn, "table": self.table, "protocol": self.protocol, "sinkid": self.sink_id,
                    "keycolumns": ",".join(self.key_columns), "onconflict": self.on_conflict}
+        if password is not None:
+            options["password"] = password
         if self.dead_letter_table:
             options["deadlettertable"] = self.dead_letter_table
         return options
@@ -68,7 +73,7 @@ class PostgresSinkConfig(SinkConfig):
         if not get("dsn"):
             raise ConfigError(f"{FORMAT}: option dsn is required (a psycopg connection string)")
         return cls(
-            dsn=get("dsn", ""),
+            dsn=join_dsn_password(get("dsn", ""), get("password")),
             table=get("table", ""),
             protocol=get("protocol", "two-phase-commit"),
             sink_id=get("sinkid", ""),

@@ -1,8 +1,11 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from oncekit.connectors import KafkaConfig, PostgresConfig, redact_config, redact_dsn
+from oncekit.connectors.kafka import client_properties
 from oncekit.core.errors import ConfigError
 
 
@@ -47,3 +50,37 @@ def test_kafka_config_settings_translate_underscores() -> None:
 def test_kafka_config_empty_bootstrap_is_config_error() -> None:
     with pytest.raises(ConfigError, match="bootstrap_servers"):
         KafkaConfig(" ")
+
+
+def test_client_properties_file_read_and_its_secret_hidden_in_repr(tmp_path: Path) -> None:
+    path = tmp_path / "client.properties"
+    path.write_text("# secured cluster\nsecurity.protocol=SASL_SSL\n\nsasl.password = s3cr3t=x\n")
+    client = client_properties(str(path))
+    assert client == {"security.protocol": "SASL_SSL", "sasl.password": "s3cr3t=x"}
+    assert "s3cr3t" not in repr(KafkaConfig("b:9093", client))
+
+
+def test_client_properties_line_without_equals_is_config_error(tmp_path: Path) -> None:
+    path = tmp_path / "client.properties"
+    path.write_text("security.protocol SASL_SSL\n")
+    with pytest.raises(ConfigError, match="line 1: expected key=value"):
+        client_properties(str(path))
+
+
+def test_pipeline_context_repr_hides_kafka_client_settings() -> None:
+    from oncekit.verify import PipelineContext
+
+    ctx = PipelineContext("b:9093", "in", "out", "/tmp/cp", kafka_client={"sasl.password": "s3cr3t"})
+    assert "s3cr3t" not in repr(ctx) and "s3cr3t" not in repr(ctx.kafka)
+
+
+@pytest.mark.parametrize("dsn", ["postgresql://u:s3cr3t@h:5432/db?sslmode=verify-full", "host=h user=u password=s3cr3t dbname=db"])
+def test_postgres_sink_options_keep_the_password_apart_for_spark_to_redact(dsn: str) -> None:
+    from oncekit.sinks.postgres import postgres_sink
+    from oncekit.sinks.postgres.config import PostgresSinkConfig
+
+    options = postgres_sink(dsn, "t").to_options()
+    assert options["password"] == "s3cr3t"  # a key Spark's spark.redaction.regex hides in plans and the UI
+    assert not [key for key, value in options.items() if "s3cr3t" in value and key != "password"]
+    again = PostgresSinkConfig.from_options(options, ("id",))
+    assert again.dsn == dsn

@@ -74,3 +74,16 @@ def test_unknown_pipeline_is_a_config_error() -> None:
 def test_pipeline_context_repr_hides_the_dsn() -> None:
     ctx = PipelineContext("127.0.0.1:9092", "in", "out", "/tmp/cp", dsn="postgresql://u:secret@h/db")
     assert "secret" not in repr(ctx)
+
+
+def test_schedule_draws_postgres_steps_only_for_sinks_that_reach_them() -> None:
+    from oncekit.verify.faults import POSTGRES_FAULTS, postgres_steps
+
+    assert not any(f.kind in POSTGRES_FAULTS for f in schedule(3, 60))
+    assert postgres_steps("kafka", "transactional") == ()
+    assert postgres_steps("postgres", "idempotent") == ("postgres-terminate", "postgres-restart-batch")
+    assert postgres_steps("postgres", None) == ("postgres-terminate", "postgres-restart-batch")
+    assert set(postgres_steps("fan-out", "two-phase-commit+transactional")) == set(POSTGRES_FAULTS)
+    drawn = schedule(3, 200, postgres_steps=postgres_steps("postgres", "two-phase-commit"))
+    assert {f.kind for f in drawn if f.kind in POSTGRES_FAULTS} == set(POSTGRES_FAULTS)
+    assert str(Fault("postgres-kill-prepare", outage_s=2)) == "postgres kill -9 in PREPARE TRANSACTION 2 s"
