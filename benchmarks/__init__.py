@@ -12,12 +12,14 @@ the same run, on the same broker, topics and database, one case after the other:
    vs Spark's JVM source and sink.
 5. reference: the reference pipeline's sustained events/s (availableNow) and its produce-to-visible
    latency at a fixed rate, each run checked line by line as ``oncekit demo`` checks its report.
+6. state: RocksDB changelog checkpointing (the kit's default) vs a state snapshot per batch
+   (Spark's default): state commit time per batch and checkpoint size of a dedup query.
 
 Every output is read back (count and distinct keys) before its figure is printed; a failed run
 or check prints FAILED instead. Each table ends with ratios kit / peer.
 
 Modules: ``environment`` (options, services, the Spark session with Spark's Kafka connector,
 the inputs), ``data`` (producing input, reading outputs back), ``peers`` (the pipelines the kit
-is measured against), ``cases`` (groups 1-3), ``latency`` (group 4), ``reference`` (group 5),
+is measured against), ``cases`` (groups 1-3), ``latency`` (group 4), ``reference`` (group 5), ``state`` (group 6),
 ``table`` (rows, checks, ratios).
 """

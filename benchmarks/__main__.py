@@ -13,6 +13,7 @@ from benchmarks.cases import kafka_group, postgres_group, source_group
 from benchmarks.environment import Bench, Options, bench
 from benchmarks.latency import latency_group
 from benchmarks.reference import reference_pipeline
+from benchmarks.state import state_group
 from benchmarks.table import Table
 
 GROUPS: dict[str, Callable[[Bench], Table]] = {
@@ -21,6 +22,7 @@ GROUPS: dict[str, Callable[[Bench], Table]] = {
     "postgres": postgres_group,
     "latency": latency_group,
     "reference": lambda b: reference_pipeline(b.services, b.options),
+    "state": state_group,
 }
 
 
