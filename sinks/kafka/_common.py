@@ -201,7 +201,7 @@ class KafkaSinkBase:
                 return committed
             except KafkaException as exc:
                 attempt += 1
-                if not exc.args[0].retriable() or attempt == 5:
+                if not exc.args[0].retriable() or attempt == 10:  # about 20 s in all
                     raise
                 time.sleep(0.5 * attempt)
 
