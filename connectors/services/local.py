@@ -15,6 +15,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -190,11 +191,13 @@ class LocalKafka(_LocalService, KafkaService):
         nodes = [BrokerAddress(i + 1, ports[2 * i], ports[2 * i + 1]) for i in range(brokers)]
         cluster = KafkaCluster(backend="local")
         try:
+            made = []
             for node in nodes:
-                kafka = cls(Path(tempfile.mkdtemp(prefix=f"oncekit-kafka-{node.node_id}-")), node.port,
-                            node.controller_port, node_id=node.node_id)
-                cluster.add(kafka)
-                kafka._format(broker_properties(node, nodes))
+                made.append(cls(Path(tempfile.mkdtemp(prefix=f"oncekit-kafka-{node.node_id}-")), node.port,
+                                node.controller_port, node_id=node.node_id))
+                cluster.add(made[-1])
+            with ThreadPoolExecutor(brokers) as pool:  # a JVM each, some seconds: at once
+                list(pool.map(lambda kafka, node: kafka._format(broker_properties(node, nodes)), made, nodes))
             cluster.start()  # together: no broker is ready before a majority of the quorum runs
         except BaseException:
             cluster.remove()
