@@ -1,12 +1,15 @@
 """The reference pipeline on real Kafka, PostgreSQL and Spark: ``oncekit demo`` as a new user
-runs it (crash, automatic restart, report), savepoints that continue exactly once, and a
-restore the pipeline refuses."""
+runs it (crash, automatic restart, report), savepoints that continue exactly once, a restore
+the pipeline refuses, and a savepoint taken while input flows restored with twice the state
+partitions and one more Kafka partition."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +17,7 @@ import pytest
 
 from oncekit.connectors import KafkaConfig, Services
 from oncekit.core.savepoint import SavepointError, list_savepoints
+from oncekit.core.spark_log import SparkLog
 from oncekit.reference import config as pipeline_config
 from oncekit.reference.config import PipelineConfig
 from oncekit.reference.demo import check, expected
@@ -119,3 +123,71 @@ def _names(config: PipelineConfig) -> dict[str, Any]:
             "tables.balances": config.tables.balances, "tables.minute_totals": config.tables.minute_totals,
             "tables.late_events": config.tables.late_events, "tables.dead_letters": config.tables.dead_letters,
             "pipeline.max_offsets_per_trigger": config.pipeline.max_offsets_per_trigger}
+
+
+def test_savepoint_while_input_flows_restored_with_4_state_partitions_and_a_new_kafka_partition(
+    spark: Any, services: Services, kafka: KafkaConfig, unique_name: str, tmp_path: Path,
+) -> None:
+    """The story of a growing job: run with 2 state partitions on a 1 s trigger, take a
+    savepoint while payments are being produced, add a partition to the payments topic, restore
+    with 4 state partitions (Spark repartitions the dropDuplicatesWithinWatermark and
+    transformWithStateInPandas state), continue; payments after the restore land in the new
+    partition too and are read from its offset 0. The report is exactly once and no prepared
+    transaction is left. Later payments are produced once the restored pipeline has drained the
+    earlier ones, so each account's payments keep their order (its partition changes when the
+    topic grows) and the expected late events stay the generator's."""
+    from confluent_kafka.admin import AdminClient, NewPartitions
+
+    config = config_for(services, unique_name, **{"pipeline.max_offsets_per_trigger": 300, "pipeline.trigger_s": 1.0})
+    first, flowing, after = (Workload(count=n, accounts=20, late=0.05, seed=s) for n, s in ((400, 31), (600, 32), (400, 33)))
+    original = ReferencePipeline(config, str(tmp_path / "original"))
+    original.prepare()
+    produce(kafka, config.topics.payments, first)
+    log = SparkLog(f"{original.checkpoint}/pipeline")
+    previous = spark.conf.get("spark.sql.shuffle.partitions")
+    spark.conf.set("spark.sql.shuffle.partitions", "2")  # the state partitions of a new query
+    producer = threading.Thread(target=produce, args=(kafka, config.topics.payments, flowing, 50.0))
+    flow: dict[str, float] = {}
+
+    def stop_while_flowing() -> bool:
+        """Start producing once the first batch has committed; ask for the stop 2 s later."""
+        if log.latest_completed() is None:
+            return False
+        if "started" not in flow:
+            producer.start()
+            flow["started"] = time.monotonic()
+        if time.monotonic() - flow["started"] < 2:
+            return False
+        flow["flowing when asked"] = float(producer.is_alive())
+        return True
+
+    try:
+        original.run(spark, should_stop=stop_while_flowing, poll_s=0.2)
+        saved = original.savepoint(spark, str(tmp_path / "savepoints"), "growing")
+    finally:
+        spark.conf.set("spark.sql.shuffle.partitions", previous)
+    producer.join()
+    assert flow["flowing when asked"], "the stop was asked for after the producer had finished"
+    assert [q.state_partitions for q in saved.queries] == [2]
+
+    admin = AdminClient(kafka.settings())
+    admin.create_partitions([NewPartitions(config.topics.payments, 3)])[config.topics.payments].result(timeout=60)
+
+    drain = pipeline_config.load(None, {**_names(config), "pipeline.trigger_s": 0.0}).with_services(
+        config.kafka_bootstrap(), config.postgres_dsn())
+    restored = ReferencePipeline(drain, str(tmp_path / "restored"))
+    restored.restore(spark, saved.path, state_partitions=4)
+    restored_log = SparkLog(f"{restored.checkpoint}/pipeline")
+    assert restored_log.state_partitions() == 4
+    run_once(spark, restored)
+    produce(kafka, config.topics.payments, after)
+    run_once(spark, restored)
+
+    assert restored_log.state_partitions() == 4
+    (offsets,) = restored_log.source_offsets(restored_log.latest_completed() or 0)
+    assert offsets[config.topics.payments]["2"] > 0  # the new partition, read from its start
+    want = expected([first, flowing, after], config.pipeline.allowed_lateness_s)
+    got = observe(config)
+    assert got.prepared == 0
+    report = check(want, got, restarts=0, seconds=1.0, crashed=False)
+    assert report.ok, report.text()
