@@ -46,7 +46,7 @@ from oncekit.core.journal import Journal
 from oncekit.core.spark_log import SparkLog
 from oncekit.core.storage import filesystem, list_names, read_bytes, write_atomically
 
-__all__ = ["METADATA", "SavedQuery", "Savepoint", "SavepointError", "check_compatible", "create", "delete",
+__all__ = ["METADATA", "SavedQuery", "Savepoint", "SavepointError", "check_compatible", "create", "delete", "location",
            "list_savepoints", "load", "restore"]
 
 logger = logging.getLogger(__name__)
@@ -83,7 +83,7 @@ class Savepoint:
         return f"{self.name}  {self.created_at}  {batches}"
 
 
-def _location(place: str | Path) -> str:
+def location(place: str | Path) -> str:
     """A path or URI as :mod:`oncekit.core.storage` takes it: local paths made absolute."""
     text = str(place)
     return text.rstrip("/") if "://" in text or text.startswith("file:") else str(Path(text).absolute())
@@ -121,7 +121,7 @@ def create(checkpoint_root: str | Path, into: str | Path, name: str,
     Called by ``ReferencePipeline.savepoint`` and ``oncekit savepoint create``."""
     if not _NAME.match(name):
         raise SavepointError(f"savepoint name {name!r} may hold only letters, digits, '_', '.', '-'")
-    root, folder = _location(checkpoint_root), _location(into)
+    root, folder = location(checkpoint_root), location(into)
     target = f"{folder}/{name}"
     if _exists(target):
         raise SavepointError(f"savepoint {name} already exists in {folder}; pick another name or delete it")
@@ -156,19 +156,19 @@ def _drop_uncommitted_journal(checkpoint: str, sink_id: str) -> None:
 
 def load(path: str | Path) -> Savepoint:
     """The savepoint at ``path`` (a folder holding ``savepoint.json``; a path or a URI)."""
-    location = _location(path)
-    fs, folder = filesystem(location)
+    where = location(path)
+    fs, folder = filesystem(where)
     try:
         payload = json.loads(read_bytes(fs, f"{folder}/{METADATA}"))
     except FileNotFoundError:
         raise SavepointError(f"no savepoint at {path} (no {METADATA})") from None
-    return Savepoint(payload["name"], location, payload["created_at"],
+    return Savepoint(payload["name"], where, payload["created_at"],
                      tuple(SavedQuery(**q) for q in payload["queries"]), payload.get("versions", {}))
 
 
 def list_savepoints(directory: str | Path) -> list[Savepoint]:
     """Every savepoint in ``directory``, oldest first."""
-    folder = _location(directory)
+    folder = location(directory)
     fs, path = filesystem(folder)
     found = [load(f"{folder}/{name}") for name in list_names(fs, path)
              if not name.startswith(".") and _exists(f"{folder}/{name}/{METADATA}")]
@@ -201,7 +201,7 @@ def restore(path: str | Path, checkpoint_root: str | Path, queries: Mapping[str,
     rescales the state afterwards when asked) and through it by ``oncekit savepoint restore``."""
     savepoint = load(path)
     check_compatible(savepoint, queries)
-    root = _location(checkpoint_root)
+    root = location(checkpoint_root)
     fs, root_path = filesystem(root)
     if list_names(fs, root_path):
         raise SavepointError(f"checkpoint location {root} is not empty; restore into a new location")

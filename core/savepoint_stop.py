@@ -3,7 +3,8 @@ pipeline to stop at a batch boundary and take a savepoint, through two files bes
 pipeline's checkpoints::
 
     <checkpoint>/_running                  the runner's pid, while it runs
-    <checkpoint>/_savepoint_request.json   {"into": ..., "name": ...}: written by the requester,
+    <checkpoint>/_savepoint_request.json   {"into": ..., "name": ...}: written by the requester
+                                           (``into`` a path or a URI),
                                            removed by the runner once the savepoint exists
 
 The runner holds a :class:`StopRequests` open while it runs and polls :meth:`StopRequests.pending`
@@ -86,12 +87,14 @@ def request_savepoint(checkpoint_root: str | Path, into: str | Path, name: str, 
     pid = running_pid(checkpoint_root)
     if pid is None:
         return None
-    target = Path(into) / name
-    request = {"into": str(Path(into).absolute()), "name": name}
+    folder = savepoint.location(into)
+    request = {"into": folder, "name": name}
     (Path(checkpoint_root) / REQUEST).write_text(json.dumps(request))
     deadline = time.monotonic() + timeout_s
-    while not (target / savepoint.METADATA).exists():
-        if time.monotonic() > deadline:
-            raise SavepointError(f"the pipeline (pid {pid}) did not take savepoint {name} within {timeout_s} s")
-        time.sleep(poll_s)
-    return savepoint.load(target)
+    while True:  # the savepoint appears whole (savepoint.create moves it into place) or not at all
+        try:
+            return savepoint.load(f"{folder}/{name}")
+        except SavepointError:
+            if time.monotonic() > deadline:
+                raise SavepointError(f"the pipeline (pid {pid}) did not take savepoint {name} within {timeout_s} s") from None
+            time.sleep(poll_s)

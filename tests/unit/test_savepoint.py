@@ -112,3 +112,27 @@ def test_state_rescale_refused_by_spark_names_query_operator_and_what_to_do(tmp_
     with pytest.raises(StateRescaleError, match=r"query balances: .* from 3 to 4 partitions: UNSUPPORTED_STATEFUL_OPERATOR "
                                                 r"\(operator streamingLimit\); .*restore without state partitions"):
         repartition_state(_Refusing(), str(checkpoint), 4, "balances")  # type: ignore[arg-type]
+
+
+def test_stop_with_savepoint_request_into_a_uri_is_answered_by_the_runner(tmp_path: Path) -> None:
+    import threading
+
+    from oncekit.core.savepoint_stop import StopRequests, request_savepoint
+
+    checkpoint = fake_checkpoint(tmp_path / "cp")
+    into = f"file://{tmp_path / 'sp'}"
+    with StopRequests(checkpoint) as requests:
+        def runner() -> None:  # what 'oncekit pipeline run' does between batches
+            while not requests.pending():
+                threading.Event().wait(0.05)
+            wanted = requests.take()
+            assert wanted is not None
+            create(checkpoint, wanted.into, wanted.name, QUERIES)
+            requests.answered()
+
+        thread = threading.Thread(target=runner)
+        thread.start()
+        saved = request_savepoint(checkpoint, into, "asked", timeout_s=30, poll_s=0.05)
+        thread.join()
+    assert saved is not None and saved.path == f"{into}/asked"
+    assert request_savepoint(checkpoint, into, "again", timeout_s=1) is None  # nobody runs there now
