@@ -66,24 +66,25 @@ def test_campaign_one_broker_at_a_time_exactly_once(cluster: Services, campaign_
     assert [r.verdict for r in report.results] == ["exactly-once"] * len(faults), text
 
 
-def test_cli_services_up_three_local_brokers(tmp_path: Path) -> None:
-    """``oncekit services up --brokers 3`` with the local backend: three broker JVMs on
-    loopback, all in the cluster's metadata, and ``down`` stops them."""
-    env = {**os.environ, "ONCEKIT_STATE_DIR": str(tmp_path)}
-
-    def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "oncekit.cli", "services", *args], env=env,
-                              capture_output=True, text=True, timeout=600, check=False)
-
-    up = cli("up", "--backend", "local", "--brokers", "3")
+def test_local_backend_three_brokers(unique_name: str) -> None:
+    """The local backend's cluster: three broker JVMs on loopback, all in the metadata, a topic
+    replicated on all three."""
+    kafka = start_kafka("local", brokers=3)
     try:
-        assert up.returncode == 0, up.stdout + up.stderr
-        bootstrap = next(line.split(": ", 1)[1].strip() for line in up.stdout.splitlines()
-                         if line.startswith("kafka bootstrap"))
-        assert len(bootstrap.split(",")) == 3, up.stdout
-        metadata = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=30)
+        config = KafkaConfig(kafka.bootstrap_servers)
+        topic = unique_name.replace("_", "-")
+        create_topic(config, topic, partitions=2)
+        metadata = AdminClient(config.settings()).list_topics(timeout=30)
         assert sorted(metadata.brokers) == [1, 2, 3]
-        assert "kafka: ready" in cli("status").stdout
+        assert {len(p.replicas) for p in metadata.topics[topic].partitions.values()} == {3}
     finally:
-        down = cli("down")
-    assert down.returncode == 0 and "services down" in down.stdout, down.stdout + down.stderr
+        kafka.remove()
+
+
+def test_cli_services_up_two_brokers_refused(tmp_path: Path) -> None:
+    """``oncekit services up --brokers 2`` says what to run instead and starts nothing."""
+    env = {**os.environ, "ONCEKIT_STATE_DIR": str(tmp_path)}
+    up = subprocess.run([sys.executable, "-m", "oncekit.cli", "services", "up", "--backend", "local", "--brokers", "2"],
+                        env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert up.returncode != 0 and "3 or more" in up.stdout + up.stderr, up.stdout + up.stderr
+    assert not (tmp_path / "services.json").exists()
