@@ -42,8 +42,11 @@ typecheck: install
 	mkdir -p .oncekit/typecheck && ln -sfn "$(CURDIR)" .oncekit/typecheck/oncekit
 	cd .oncekit/typecheck && "$(CURDIR)/$(PY)" -m mypy --config-file "$(CURDIR)/pyproject.toml" -p oncekit
 
-# The 30 slowest tests are listed at the end, so CI's log shows where its 45 minutes go.
-PYTEST_ARGS ?= --durations=30
+# Two pytest-xdist workers, each with its own Kafka, PostgreSQL and Spark: much of the suite waits
+# on restarts and recoveries, so two share the two cores well (tests/conftest.py keeps the tests
+# of a module-scoped fixture in one worker). The 30 slowest tests are listed at the end, so CI's
+# log shows where its 45 minutes go.
+PYTEST_ARGS ?= -n 2 --dist loadgroup --durations=30
 
 pytest: install
 	. .oncekit/engine.env && ONCEKIT_TEST_BACKEND=$${ONCEKIT_TEST_BACKEND:-containers} $(PY) -m pytest $(PYTEST_ARGS)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -80,17 +81,49 @@ def crash_dir() -> Iterator[Path]:
     clear()
 
 
-_CAMPAIGN_TABLES: list[str] = []
+class CampaignTables(list[str]):
+    """Fault-campaign tables, printed in the terminal summary (CI's log keeps them). Each is also
+    written to a file: ``make test`` runs two pytest-xdist workers, and the summary is printed by
+    the controlling process, which ran no campaign."""
+
+    directory: Path | None = None
+
+    def append(self, text: str) -> None:
+        super().append(text)
+        if self.directory is not None:
+            (self.directory / f"{time.time():.6f}-{os.getpid()}.txt").write_text(text)
+
+
+_CAMPAIGN_TABLES = CampaignTables()
+_TABLES_ENV = "ONCEKIT_CAMPAIGN_TABLES_DIR"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # The controller (or a run without workers) makes the folder; xdist's workers, started after
+    # this, inherit its name. One folder per run: other runs in the same tree keep theirs.
+    if not hasattr(config, "workerinput"):
+        os.environ[_TABLES_ENV] = tempfile.mkdtemp(prefix="oncekit-campaign-tables-")
+    CampaignTables.directory = Path(os.environ[_TABLES_ENV])
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist, the tests that share a module-scoped fixture (a three-broker cluster,
+    secured services, a Spark standalone cluster) run in one worker, which starts it once."""
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        if info is not None and any(d.scope == "module" for defs in info.name2fixturedefs.values() for d in defs):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
 
 
 @pytest.fixture(scope="session")
 def campaign_tables() -> list[str]:
-    """Fault-campaign tables, printed in the terminal summary (CI's log keeps them)."""
     return _CAMPAIGN_TABLES
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if _CAMPAIGN_TABLES:
+    directory = CampaignTables.directory
+    files = sorted(directory.glob("*.txt")) if directory is not None else []
+    if files:
         terminalreporter.section("oncekit verify campaigns")
-        for text in _CAMPAIGN_TABLES:
-            terminalreporter.write_line(text + "\n")
+        for path in files:
+            terminalreporter.write_line(path.read_text() + "\n")
