@@ -49,6 +49,9 @@ DEFAULT_TRANSACTION_TIMEOUT_MS = 60_000  # the broker's transaction.max.timeout.
 # librdkafka logs a producer fenced by a newer instance as fatal. For a pooled producer that is
 # expected (another worker's producer of the same transactional id took over, and the task starts
 # over with a fresh one), so those lines go to DEBUG; everything else stays.
+_COORDINATOR_MOVED = (KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_NOT_AVAILABLE,
+                      KafkaError.COORDINATOR_LOAD_IN_PROGRESS)
+
 _CLIENT_LOG = client_log(__name__ + ".librdkafka", demote=lambda message: "fenced" in message.lower())
 
 
@@ -201,7 +204,9 @@ class KafkaSinkBase:
                 return committed
             except KafkaException as exc:
                 attempt += 1
-                if not exc.args[0].retriable() or attempt == 10:  # about 20 s in all
+                # librdkafka does not mark a stale coordinator retriable here, though asking again is the cure
+                again = exc.args[0].retriable() or exc.args[0].code() in _COORDINATOR_MOVED
+                if not again or attempt == 10:  # about 20 s in all
                     raise
                 time.sleep(0.5 * attempt)
 
