@@ -67,22 +67,6 @@ def test_fanout_campaign_one_query_two_sinks_each_exactly_once(services: Service
     assert sum(r.fired for r in report.results) >= faults * 0.8, text
 
 
-def test_postgres_crash_campaign_exactly_once(services: Services, campaign_tables: list[str]) -> None:
-    """The server killed -9 while the sink's sessions run PREPARE TRANSACTION and between two
-    COMMIT PREPARED of a checkpoint (crash recovery keeps what was prepared), the sink's sessions
-    ended by pg_terminate_backend and the server restarted while a batch writes: each lands at
-    its step (the sessions held there), and each ends exactly-once with nothing left prepared."""
-    faults = [Fault("postgres-kill-prepare", outage_s=2), Fault("postgres-kill-commit-prepared", outage_s=2),
-              Fault("postgres-terminate"), Fault("postgres-restart-batch", outage_s=2)]
-    report = run_campaign("postgres-two-phase-commit", services, faults, seed=0)
-    text = record(report, "postgres-crashes", campaign_tables)
-    assert report.passed and all(r.fired for r in report.results), text
-    assert [r.verdict for r in report.results] == ["exactly-once"] * len(faults), text
-    prepare, commit = report.results[0].detail, report.results[1].detail
-    assert "'PREPARE'" in prepare, text  # the sessions were inside PREPARE TRANSACTION when the server died
-    assert re.search(r"kept ([1-9]\d*) of \1 prepared", commit), text  # a prepared one outlived the kill
-
-
 def test_oncekit_verify_as_a_new_user(tmp_path: Path) -> None:
     """``oncekit verify`` as a new user runs it: it starts its own services, prints progress and
     the table, writes JSON; every verdict exactly-once."""

@@ -3,9 +3,9 @@ with SASL_SSL (SCRAM-SHA-256) as its only client listener and a PostgreSQL serve
 TLS with scram-sha-256 (``sslmode=verify-full``), both with certificates of a CA the test makes
 (:func:`~oncekit.connectors.services.start_secured_services`).
 
-The source and every sink protocol run in one query, ``oncekit doctor`` and a one-fault
-``oncekit verify`` campaign run against them, and a wrong password or an untrusted certificate
-fails at once with an error naming the service. No secret may show anywhere: errors, reprs, the
+The source and every sink protocol run in one query, ``oncekit doctor`` and an ``oncekit
+verify`` campaign (the PostgreSQL crash faults) run against them, and a wrong password or an
+untrusted certificate fails at once with an error naming the service. No secret may show anywhere: errors, reprs, the
 kit's and librdkafka's log lines, the JVM's output, Spark's plans and progress.
 """
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,8 +32,9 @@ from oncekit.sinks.kafka import PROTOCOLS as KAFKA_PROTOCOLS
 from oncekit.sinks.kafka import kafka_sink
 from oncekit.sinks.postgres import PROTOCOLS as POSTGRES_PROTOCOLS
 from oncekit.sinks.postgres import postgres_sink
-from oncekit.verify import Fault, compare, integers, prepared_transactions, produce_input, read_committed, run_campaign, table, table_ids
+from oncekit.verify import Fault, compare, integers, prepared_transactions, produce_input, read_committed, run_campaign, table_ids
 from tests.eos.pipeline import run_available_now
+from tests.eos.test_verify_campaign import record
 
 pytestmark = [pytest.mark.services, pytest.mark.spark]
 
@@ -121,12 +123,24 @@ def test_secured_doctor_passes(secured: Services, secrets: list[str], capsys: py
     assert_hidden(secrets, out)
 
 
-def test_secured_verify_campaign_exactly_once(secured: Services, secrets: list[str]) -> None:
-    """``oncekit verify``'s campaign on the secured services (one query restart); the driver
-    process gets the secrets by environment, never on its command line."""
-    report = run_campaign("fan-out-postgres-kafka", secured, [Fault("crash", "driver_after_journal")])
-    text = table(report)
-    assert report.passed and report.results[0].fired, f"{text}\n{report.log}"
+def test_secured_verify_postgres_crash_campaign_exactly_once(secured: Services, secrets: list[str],
+                                                             campaign_tables: list[str]) -> None:
+    """``oncekit verify``'s campaign on the secured services, with the PostgreSQL faults at the
+    sink's steps (one campaign serves both, for the suite's time): the server killed -9 while the
+    sink's sessions run PREPARE TRANSACTION and between two COMMIT PREPARED of a checkpoint
+    (crash recovery keeps what was prepared), the sink's sessions ended by pg_terminate_backend,
+    and the server restarted while a batch writes. Each lands at its step and ends exactly-once
+    with nothing left prepared. The driver process gets the secrets by environment, never on
+    its command line."""
+    faults = [Fault("postgres-kill-prepare", outage_s=1), Fault("postgres-kill-commit-prepared", outage_s=1),
+              Fault("postgres-terminate"), Fault("postgres-restart-batch", outage_s=1)]
+    report = run_campaign("postgres-two-phase-commit", secured, faults)
+    text = record(report, "postgres-crashes-secured", campaign_tables)
+    assert report.passed and all(r.fired for r in report.results), f"{text}\n{report.log}"
+    assert [r.verdict for r in report.results] == ["exactly-once"] * len(faults), text
+    prepare, commit = report.results[0].detail, report.results[1].detail
+    assert "'PREPARE'" in prepare, text  # the sessions were inside PREPARE TRANSACTION when the server died
+    assert re.search(r"kept ([1-9]\d*) of \1 prepared", commit), text  # a prepared one outlived the kill
     assert_hidden(secrets, text, report.log)
 
 
