@@ -138,7 +138,7 @@ def test_savepoint_while_input_flows_restored_with_4_state_partitions_and_a_new_
     topic grows) and the expected late events stay the generator's."""
     from confluent_kafka.admin import AdminClient, NewPartitions
 
-    config = config_for(services, unique_name, **{"pipeline.max_offsets_per_trigger": 300, "pipeline.trigger_s": 1.0})
+    config = config_for(services, unique_name, **{"pipeline.max_offsets_per_trigger": 1000, "pipeline.trigger_s": 1.0})
     first, flowing, after = (Workload(count=n, accounts=20, late=0.05, seed=s) for n, s in ((400, 31), (600, 32), (400, 33)))
     original = ReferencePipeline(config, str(tmp_path / "original"))
     original.prepare()
