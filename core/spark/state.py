@@ -47,6 +47,18 @@ _ERROR_CLASS = re.compile(r"\[STATE_REPARTITION_INVALID_(?:CHECKPOINT|PARAMETER)
 _OPERATOR = re.compile(r"(?:operator|variable type) (\S+)")
 
 
+def _messages(error: BaseException) -> str:
+    """The error's message and its causes' (Spark's refusal may be the cause of a state-schema
+    read error); a captured Spark exception keeps its causes as ``_cause``, Python's as ``__cause__``."""
+    found, seen = [], set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        found.append(str(current))
+        current = getattr(current, "_cause", None) or current.__cause__
+    return "\n".join(found)
+
+
 def repartition_state(spark: SparkSession, checkpoint: str, partitions: int, query: str) -> bool:
     """Rescale the state of the stopped query checkpointed at ``checkpoint`` to ``partitions``
     partitions; False when it already has that many (nothing to do). The query's next start
@@ -60,7 +72,7 @@ def repartition_state(spark: SparkSession, checkpoint: str, partitions: int, que
     try:
         spark._streamingCheckpointManager.repartition(checkpoint, partitions)
     except Exception as exc:  # Py4JJavaError or a captured Spark exception: the error class is in the text
-        text = str(exc)
+        text = _messages(exc)
         found = _ERROR_CLASS.search(text)
         if found is None:
             raise StateRescaleError(f"query {query}: Spark could not repartition the state at {checkpoint} from "

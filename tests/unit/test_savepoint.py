@@ -96,11 +96,11 @@ class _Refusing:
     class _streamingCheckpointManager:  # noqa: N801  (Spark's attribute name)
         @staticmethod
         def repartition(location: str, partitions: int) -> None:
-            raise RuntimeError("An error occurred while calling o83.repartition.\n: org.apache.spark.sql.execution."
-                               "streaming.state.StateRepartitionUnsupportedStatefulOperatorError: "
-                               "[STATE_REPARTITION_INVALID_CHECKPOINT.UNSUPPORTED_STATEFUL_OPERATOR] The provided "
-                               "checkpoint location '' is in an invalid state. Unsupported stateful operator "
-                               "streamingLimit. Please use a checkpoint with supported stateful operators.")
+            # as PySpark 4.3 raised it for a streaming limit: the refusal is the cause of a schema read error
+            refusal = RuntimeError("[STATE_REPARTITION_INVALID_CHECKPOINT.UNSUPPORTED_STATEFUL_OPERATOR] The provided "
+                                   "checkpoint location '' is in an invalid state. Unsupported stateful operator "
+                                   "globalLimit. Please use a checkpoint with supported stateful operators.")
+            raise RuntimeError("[STDS_FAILED_TO_READ_STATE_SCHEMA] Failed to read the state schema.") from refusal
 
 
 def test_state_rescale_refused_by_spark_names_query_operator_and_what_to_do(tmp_path: Path) -> None:
@@ -110,7 +110,7 @@ def test_state_rescale_refused_by_spark_names_query_operator_and_what_to_do(tmp_
     checkpoint = fake_checkpoint(tmp_path / "cp") / "balances"
     assert repartition_state(_Refusing(), str(checkpoint), 3, "balances") is False  # type: ignore[arg-type]
     with pytest.raises(StateRescaleError, match=r"query balances: .* from 3 to 4 partitions: UNSUPPORTED_STATEFUL_OPERATOR "
-                                                r"\(operator streamingLimit\); .*restore without state partitions"):
+                                                r"\(operator globalLimit\); .*restore without state partitions"):
         repartition_state(_Refusing(), str(checkpoint), 4, "balances")  # type: ignore[arg-type]
 
 
