@@ -31,6 +31,7 @@ from oncekit.connectors.kafka import create_topic, end_offsets
 from oncekit.connectors.services.spark_cluster import StandaloneCluster
 from oncekit.core.crash import POINTS, arm, disarm, fired_at
 from oncekit.core.errors import ConfigError
+from oncekit.core.journal import Journal
 from oncekit.core.spark_log import SparkLog
 from oncekit.verify.checker import GUARANTEES, Verdict, compare
 from oncekit.verify.clusterfaults import ClusterFaults
@@ -177,13 +178,23 @@ class Campaign:
         return planned is not None and planned == self.batch_committed()
 
     def _drained(self) -> bool:
-        """The latest planned batch ends at the input topic's end: no input is left to plan."""
+        """The latest planned batch ends at the input topic's end (no input is left to plan) and
+        every batch the kit's journals hold is committed to its sink. A restarted driver commits
+        a completed checkpoint's prepared transactions only in the recovery its query starts
+        with; on a loaded standalone cluster that came more than ``quiet_s`` after the query
+        started, and a campaign judged the batch lost while it was still to be committed."""
         planned = self.batch_in_flight()
         if planned is None:
             return False
         try:
             ends = {int(p): o for p, o in self.spark_log.source_offsets(planned)[0][self.ctx.input_topic].items()}
-            return ends == end_offsets(self.kafka, self.ctx.input_topic)
+            if ends != end_offsets(self.kafka, self.ctx.input_topic):
+                return False
+            for sink in Path(self.ctx.checkpoint, "oncekit").glob("*/journal"):
+                journaled, done = Journal(self.ctx.checkpoint, sink.parent.name).entries()
+                if journaled - done:
+                    return False
+            return True
         except (OSError, LookupError, TypeError, ValueError, KafkaException):
             return False  # a source without offsets, or a log being written: not known to be drained
 
