@@ -29,7 +29,6 @@ import os
 import signal
 import time
 
-from oncekit.connectors import KafkaConfig
 from oncekit.connectors.kafka import partition_leader, under_replicated
 from oncekit.connectors.services.base import KafkaService
 from oncekit.connectors.services.spark_cluster import StandaloneCluster
@@ -55,7 +54,7 @@ class ClusterFaults:
     def __init__(self, kafka: KafkaService, topic: str, crash_dir: str, spark_log: SparkLog,
                  spark: StandaloneCluster | None = None) -> None:
         self.kafka, self.topic, self.crash_dir, self.spark_log, self.spark = kafka, topic, crash_dir, spark_log, spark
-        self.config = KafkaConfig(kafka.bootstrap_servers)
+        self.config = kafka.config  # with the service's client settings (SASL, TLS) if it has any
         self._notes: dict[str, str] = {}  # per kind, what its last injection hit
         self._planned_before: int | None = None  # the last batch planned before the fault's chunk
 
@@ -135,7 +134,7 @@ class ClusterFaults:
         kind = "kafka-coordinator-kill"
         found = []
         for _ in range(10):
-            found = [t for t in open_transactions(self.kafka.bootstrap_servers, timeout_s=60)
+            found = [t for t in open_transactions(self.kafka.bootstrap_servers, self.kafka.client, timeout_s=60)
                      if self.topic in t.topics() and t.coordinator is not None]
             if found:
                 break
