@@ -189,7 +189,7 @@ class KafkaCluster(KafkaService):
 
     def wait_ready(self, timeout_s: float = 120.0) -> None:
         """Every broker is in the metadata and a transactional producer can initialise."""
-        wait_until(lambda: check_broker(self.bootstrap_servers, brokers=len(self._brokers)), timeout_s,
+        wait_until(lambda: check_broker(self.bootstrap_servers, self.client, brokers=len(self._brokers)), timeout_s,
                    f"kafka cluster at {self.bootstrap_servers}")
 
     def _each(self, action: Callable[[KafkaService], None]) -> None:
