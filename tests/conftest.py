@@ -15,7 +15,10 @@ from pathlib import Path
 from typing import Any
 
 # Crash points read this once, at import, in every process: set it before Spark starts workers.
-os.environ.setdefault("ONCEKIT_CRASH_DIR", tempfile.mkdtemp(prefix="oncekit-crash-"))
+# Each pytest-xdist worker has its own (a worker inherits the controller's environment, and a
+# point armed by one worker's test must never fire in the other's pipeline).
+if "PYTEST_XDIST_WORKER" in os.environ or "ONCEKIT_CRASH_DIR" not in os.environ:
+    os.environ["ONCEKIT_CRASH_DIR"] = tempfile.mkdtemp(prefix="oncekit-crash-")
 
 import pytest  # noqa: E402
 
