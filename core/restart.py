@@ -3,7 +3,7 @@
 :func:`supervise` runs a query from its checkpoint and, when it fails, asks the strategy whether
 and when to run it again; the engine's recovery makes every restart exactly-once. Built on
 tenacity. A strategy that gives up raises :class:`RestartsExhaustedError` naming the strategy
-and the last failure.
+and the last failure; a failure no restart can mend (:data:`UNRESTARTABLE`) is raised at once.
 """
 
 from __future__ import annotations
@@ -17,7 +17,13 @@ from typing import Any
 
 import tenacity
 
-from oncekit.core.errors import ConfigError, OncekitError, RestartsExhaustedError
+from oncekit.core.errors import (
+    AccessError,
+    ConfigError,
+    NonDeterministicReplayError,
+    OncekitError,
+    RestartsExhaustedError,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -112,6 +118,21 @@ def strategy_from_config(config: Mapping[str, Any]) -> RestartStrategy:
     return strategy
 
 
+# Failures no restart can mend: the next attempt would fail the same way (a refused password or
+# certificate, a pipeline that replays differently), so they stop at once. ConfigError is not
+# among them: a broker still starting can answer metadata without a topic that exists.
+UNRESTARTABLE: tuple[type[OncekitError], ...] = (AccessError, NonDeterministicReplayError)
+
+
+def restartable(error: BaseException) -> bool:
+    """Whether a restart may mend ``error``. A kit error raised in a Python worker reaches the
+    driver inside Spark's StreamingQueryException, as text that names its class."""
+    if isinstance(error, UNRESTARTABLE):
+        return False
+    text = str(error)
+    return isinstance(error, Exception) and not any(f"{kind.__module__}.{kind.__name__}" in text for kind in UNRESTARTABLE)
+
+
 def supervise(run: Callable[[], None], strategy: RestartStrategy,
               on_restart: Callable[[int, BaseException], None] | None = None) -> int:
     """Call ``run`` (start the query from its checkpoint and wait for it) until it returns, as
@@ -128,7 +149,7 @@ def supervise(run: Callable[[], None], strategy: RestartStrategy,
             on_restart(restarts, error)
 
     retrying = tenacity.Retrying(stop=strategy.stop(), wait=strategy.wait(), before_sleep=before_sleep,
-                                 retry=tenacity.retry_if_exception_type(Exception), reraise=False)
+                                 retry=tenacity.retry_if_exception(restartable), reraise=False)
     try:
         retrying(run)
     except tenacity.RetryError as exc:

@@ -4,7 +4,7 @@ from collections.abc import Callable
 
 import pytest
 
-from oncekit.core.errors import ConfigError
+from oncekit.core.errors import ConfigError, NonDeterministicReplayError
 from oncekit.core.restart import (
     ExponentialBackoff,
     FailureRate,
@@ -73,3 +73,20 @@ def test_strategy_from_config_parses_and_names_errors() -> None:
         strategy_from_config({"type": "forever"})
     with pytest.raises(ConfigError, match="fixed-delay"):
         strategy_from_config({"type": "fixed-delay", "tries": 3})
+
+
+@pytest.mark.parametrize("error", [
+    NonDeterministicReplayError("sink s batch 1 partition 0: committed with 3 records, replay has 4"),
+    # as a kit error raised in a Python worker reaches the driver: text inside Spark's exception
+    RuntimeError("Job aborted ... oncekit.core.errors.AccessError: kafka at h:1: SASL authentication error"),
+])
+def test_failure_no_restart_can_mend_stops_at_once(error: Exception) -> None:
+    calls: list[int] = []
+
+    def run() -> None:
+        calls.append(1)
+        raise error
+
+    with pytest.raises(type(error)):
+        supervise(run, FixedDelay(attempts=5, delay_s=0))
+    assert calls == [1]
