@@ -22,8 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+from pyarrow.fs import LocalFileSystem
+
 from oncekit.core import savepoint
 from oncekit.core.errors import SavepointError
+from oncekit.core.storage import write_atomically
 
 __all__ = ["SavepointError", "StopRequest", "StopRequests", "request_savepoint", "running_pid"]
 
@@ -89,7 +92,8 @@ def request_savepoint(checkpoint_root: str | Path, into: str | Path, name: str, 
         return None
     folder = savepoint.location(into)
     request = {"into": folder, "name": name}
-    (Path(checkpoint_root) / REQUEST).write_text(json.dumps(request))
+    # Whole or not at all: the runner polls for the file and must never read it half-written.
+    write_atomically(LocalFileSystem(), str(Path(checkpoint_root) / REQUEST), json.dumps(request).encode())
     deadline = time.monotonic() + timeout_s
     while True:  # the savepoint appears whole (savepoint.create moves it into place) or not at all
         try:
