@@ -25,6 +25,9 @@ from oncekit.sources.kafka import kafka_stream
 
 TRIGGER = "1 second"
 COLUMNS = ("records", "p50 ms", "p99 ms")
+PHASES = ("latestOffset", "queryPlanning", "walCommit", "addBatch", "commitOffsets", "triggerExecution")
+"""Spark's own timing of a trigger (``durationMs`` of the query's progress), averaged per pair
+over the batches that read input: where a pair's batch time goes, beside its latency."""
 
 # A pair starts its query from (bench, input topic, output topic, checkpoint); the query has stop().
 Start = Callable[[Bench, str, str, str], Any]
@@ -57,7 +60,16 @@ def percentile(ordered: list[float], fraction: float) -> float:
     return ordered[round(fraction * (len(ordered) - 1))]
 
 
-def measure(bench: Bench, name: str, start: Start) -> Row:
+def phases(progress: list[Any]) -> str:
+    """Mean ``durationMs`` per phase over the batches of ``progress`` that read input."""
+    batches = [p["durationMs"] for p in progress if int(p["numInputRows"])]
+    if not batches:
+        return "no batch read input"
+    means = {phase: sum(int(b.get(phase, 0)) for b in batches) / len(batches) for phase in PHASES}
+    return f"{len(batches)} batches, mean ms: " + ", ".join(f"{phase} {ms:,.0f}" for phase, ms in means.items())
+
+
+def measure(bench: Bench, name: str, start: Start, breakdown: list[str]) -> Row:
     options = bench.options
     source, output = f"bench_latency_{slug(name)}_in", f"bench_latency_{slug(name)}_out"
     expected = int(options.rate * options.latency_s)
@@ -75,6 +87,7 @@ def measure(bench: Bench, name: str, start: Start) -> Row:
                 data.produce_at_rate(bench.kafka, source, options.rate, options.latency_s, options.record_bytes,
                                      options.partitions)
                 reader.join(options.latency_s + 120)
+                breakdown.append(f"{name}: {phases(list(query.recentProgress))}.")
             finally:
                 query.stop()
         check = reader.check()
@@ -96,5 +109,7 @@ def latency_group(bench: Bench) -> Table:
         f"{options.record_bytes} bytes, {options.partitions} partitions, processingTime {TRIGGER}",
         COLUMNS, COLUMNS[1:], "latency; below 1 the kit is faster", ratios=[Ratio(kit, spark)],
         notes=[f"A read_committed consumer reads the output. {bench.connector.describe()}."])
-    table.rows += [measure(bench, kit, start_kit), measure(bench, spark, start_spark)]
+    breakdown: list[str] = []
+    table.rows += [measure(bench, kit, start_kit, breakdown), measure(bench, spark, start_spark, breakdown)]
+    table.notes += ["Where a batch's time goes (Spark's progress durationMs):", *(f"- {line}" for line in breakdown)]
     return table

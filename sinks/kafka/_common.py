@@ -10,7 +10,8 @@ offset = batch id + 1, metadata = batch, row count and checksum. Its group is a
 
 No Python code runs per record: Arrow converts the columns to lists of bytes, ``map`` hands them
 to librdkafka's ``produce`` and to ``zlib.crc32`` for the checksum, and delivery reports come
-back for failed records only.
+back for failed records only. Records are produced part by part as Spark delivers them
+(:class:`RecordStream`), so a task's input and its sending overlap.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import logging
 import operator
 import time
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -57,7 +58,8 @@ _CLIENT_LOG = client_log(__name__ + ".librdkafka", demote=lambda message: "fence
 
 @dataclass(frozen=True)
 class Records:
-    """One partition's (or batch's) records: binary key and value arrays of equal length."""
+    """Records of a partition (or batch), or one part of them: binary key and value arrays of
+    equal length."""
 
     keys: pa.Array
     values: pa.Array
@@ -75,39 +77,72 @@ class Records:
         return self.values.to_pylist()  # type: ignore[no-any-return]
 
     @property
-    def checksum(self) -> str:
-        """Order-independent (a replay may deliver a partition's rows in another order): the sum
-        of each record's CRC-32 of key and value, iterated and computed in C."""
+    def crc_total(self) -> int:
+        """The sum of each record's CRC-32 of key and value, iterated and computed in C; the
+        totals of parts add up to the total of the whole (see :func:`checksum`)."""
         values = pc.fill_null(self.values, b"").to_pylist() if self.values.null_count else self.python_values
         if self.keys.null_count == len(self.keys):
-            total = sum(map(zlib.crc32, values))
-        else:
-            keys = pc.fill_null(self.keys, b"").to_pylist() if self.keys.null_count else self.python_keys
-            total = sum(map(zlib.crc32, values, map(zlib.crc32, keys)))
-        return f"{len(self):x}-{total % (1 << 64):016x}"
+            return sum(map(zlib.crc32, values))
+        keys = pc.fill_null(self.keys, b"").to_pylist() if self.keys.null_count else self.python_keys
+        return sum(map(zlib.crc32, values, map(zlib.crc32, keys)))
 
     @classmethod
-    def from_batches(cls, batches: Iterable[pa.RecordBatch], where: str) -> Records:
-        """The ``key`` (optional) and ``value`` columns, string or binary, as binary arrays."""
-        keys: list[pa.Array] = []
-        values: list[pa.Array] = []
-        rows = 0
-        for batch in batches:
-            names = batch.schema.names
-            if "value" not in names:
-                raise ConfigError(f"{where}: the stream needs a value column; it has {', '.join(names)}")
-            values.append(_as_binary(batch.column(names.index("value")), where, "value", rows))
-            keys.append(_as_binary(batch.column(names.index("key")), where, "key", rows) if "key" in names
-                        else pa.nulls(batch.num_rows, pa.binary()))
-            rows += batch.num_rows
-        return cls.concat([cls(k, v) for k, v in zip(keys, values)])
+    def of_batch(cls, batch: pa.RecordBatch, where: str, first_row: int = 0) -> Records:
+        """The batch's ``key`` (optional) and ``value`` columns, string or binary, as binary
+        arrays; ``first_row`` is the batch's first row in the task, for errors."""
+        names = batch.schema.names
+        if "value" not in names:
+            raise ConfigError(f"{where}: the stream needs a value column; it has {', '.join(names)}")
+        values = _as_binary(batch.column(names.index("value")), where, "value", first_row)
+        keys = (_as_binary(batch.column(names.index("key")), where, "key", first_row) if "key" in names
+                else pa.nulls(batch.num_rows, pa.binary()))
+        return cls(keys, values)
+
+
+def checksum(rows: int, crc_total: int) -> str:
+    """The batch marker's checksum of ``rows`` records whose CRC-32s add up to ``crc_total``:
+    order-independent, since a replay may deliver a partition's rows in another order."""
+    return f"{rows:x}-{crc_total % (1 << 64):016x}"
+
+
+class RecordStream:
+    """A task's (or batch's) records part by part as they arrive, so that producing overlaps
+    with Spark still sending the input. Each part is converted once and kept: an attempt that
+    starts over (a fenced producer) iterates the same parts again, then goes on reading."""
+
+    def __init__(self, parts: Iterable[Records]) -> None:
+        self._source = iter(parts)
+        self._kept: list[Records] = []
 
     @classmethod
-    def concat(cls, parts: Iterable[Records]) -> Records:
-        parts = list(parts)
-        if not parts:
-            return cls(pa.array([], pa.binary()), pa.array([], pa.binary()))
-        return cls(pa.concat_arrays([p.keys for p in parts]), pa.concat_arrays([p.values for p in parts]))
+    def of(cls, batches: Iterable[pa.RecordBatch], where: str) -> RecordStream:
+        """The records of Spark's Arrow ``batches``, rows numbered from the first batch on."""
+
+        def parts() -> Iterator[Records]:
+            rows = 0
+            for batch in batches:
+                if batch.num_rows:
+                    yield Records.of_batch(batch, where, rows)
+                    rows += batch.num_rows
+
+        return cls(parts())
+
+    def __iter__(self) -> Iterator[Records]:
+        index = 0
+        while True:
+            if index == len(self._kept):
+                part = next(self._source, None)
+                if part is None:
+                    return
+                self._kept.append(part)
+            yield self._kept[index]
+            index += 1
+
+    def checksum(self) -> tuple[int, str]:
+        """(rows, checksum) of all records, reading what has not arrived yet."""
+        parts = list(self)
+        rows = sum(map(len, parts))
+        return rows, checksum(rows, sum(part.crc_total for part in parts))
 
 
 def _as_binary(column: pa.Array, where: str, name: str, first_row: int) -> pa.Array:
@@ -224,13 +259,12 @@ class KafkaSinkBase:
 
     # -- writing -------------------------------------------------------------------------------
 
-    def produce(self, producer: Producer, records: Records, where: str) -> Callable[[], list[str]]:
-        """Queue every record. The records go to librdkafka through ``map`` over Arrow-made
-        lists, so no Python code runs per record; only a record the client refuses stops it: a
-        full local queue waits for deliveries, a record over the broker's size goes to the
-        dead-letter topic if there is one, else fails the task with its row. Returns a function
-        that lists the delivery errors reported so far."""
-        errors: list[str] = []
+    def produce(self, producer: Producer, records: Records, where: str, errors: list[str], first_row: int = 0) -> None:
+        """Queue every record of ``records`` (rows numbered from ``first_row``). The records go
+        to librdkafka through ``map`` over Arrow-made lists, so no Python code runs per record;
+        only a record the client refuses stops it: a full local queue waits for deliveries, a
+        record over the broker's size goes to the dead-letter topic if there is one, else fails
+        the task with its row. Failed deliveries are appended to ``errors`` as they are reported."""
 
         def failed(error: Any, message: Any) -> None:  # called for failed deliveries only
             errors.append(str(error))
@@ -241,7 +275,7 @@ class KafkaSinkBase:
         while True:
             try:
                 collections.deque(map(send, itertools.repeat(topic), remaining_values, remaining_keys), maxlen=0)
-                return lambda: errors
+                return
             except BufferError:  # the local queue is full: let deliveries drain it, then go on
                 row = len(values) - operator.length_hint(remaining_values) - 1
                 while True:
@@ -252,29 +286,46 @@ class KafkaSinkBase:
                     except BufferError:
                         continue
             except KafkaException as exc:
+                if exc.args[0].fatal():  # a fenced transactional producer: commit_with_fencing's to handle
+                    raise
                 row = len(values) - operator.length_hint(remaining_values) - 1
                 if exc.args[0].code() != KafkaError.MSG_SIZE_TOO_LARGE or not self.config.dead_letter_topic:
-                    raise RecordError(f"{where}: row {row}: {exc.args[0].str()}") from exc
+                    raise RecordError(f"{where}: row {first_row + row}: {exc.args[0].str()}") from exc
                 producer.produce(self.config.dead_letter_topic, key=keys[row], value=(values[row] or b"")[:1024],
-                                 headers={"oncekit.error": f"{where}: row {row}: too large"})
+                                 headers={"oncekit.error": f"{where}: row {first_row + row}: too large"})
 
-    def publish(self, producer: Producer, records: Records, group: MarkerGroup, batch_id: int, where: str) -> None:
-        """Write the batch marker and ``records`` in one transaction, and commit it. The marker
-        goes first: it is one round trip to the transaction coordinator, so a pooled producer that
-        a newer one has fenced fails there, before any record is sent. A fatal error (fenced) is
-        raised as it is, for :meth:`commit_with_fencing`."""
+    def publish(self, producer: Producer, records: Iterable[Records], group: MarkerGroup, batch_id: int,
+                where: str) -> int:
+        """Write ``records`` and the batch marker in one transaction, and commit it; return the
+        rows written. Records are produced part by part as they arrive, so librdkafka sends while
+        Spark still delivers the task's input, and the commit waits only for the last part.
+
+        The marker (rows and checksum) goes last, right before the commit: while a transaction
+        holds a pending marker, every read_committed marker read of its group waits for it, so
+        the window in which a dead writer's transaction blocks the next attempt's read stays one
+        round trip wide. A pooled producer that a newer one has fenced fails at its first part
+        (adding a partition to the transaction is a round trip to the coordinator), having sent
+        nothing that can become visible. A fatal error (fenced) is raised as it is, for
+        :meth:`commit_with_fencing`."""
         producer.begin_transaction()
         try:
-            metadata = json.dumps({"batch": batch_id, "rows": len(records), "checksum": records.checksum})
             with self._marker_consumer(group) as consumer:
                 group_metadata = consumer.consumer_group_metadata()  # a copy: outlives the loan
+
+            errors: list[str] = []
+            rows = crc_total = 0
+            for part in records:
+                self.produce(producer, part, where, errors, first_row=rows)
+                rows += len(part)
+                crc_total += part.crc_total
+            metadata = json.dumps({"batch": batch_id, "rows": rows, "checksum": checksum(rows, crc_total)})
             producer.send_offsets_to_transaction(
                 [TopicPartition(self.config.topic, 0, batch_id + 1, metadata)], group_metadata, 30)
-            delivery_errors = self.produce(producer, records, where)
             crash_point("kafka_commit", batch_id, group.partition_id)
             _commit_transaction(producer)
-            if delivery_errors():  # commit refuses a transaction with failed records; belt and braces
-                raise RecordError(f"{where}: records were not delivered: {delivery_errors()[0]}")
+            if errors:  # commit refuses a transaction with failed records; belt and braces
+                raise RecordError(f"{where}: records were not delivered: {errors[0]}")
+            return rows
         except KafkaException as exc:
             if not exc.args[0].fatal():
                 producer.abort_transaction(30)

@@ -4,11 +4,12 @@ replayed batch writes its records again."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+
 import pyarrow as pa
 
 from oncekit.core.errors import RecordError
 from oncekit.core.protocol import AtLeastOnceSink, TaskInfo
-from oncekit.sinks.kafka._common import FORMAT, KafkaSinkBase, Records
+from oncekit.sinks.kafka._common import FORMAT, KafkaSinkBase, RecordStream
 
 
 class KafkaAtLeastOnceSink(KafkaSinkBase, AtLeastOnceSink):
@@ -16,12 +17,14 @@ class KafkaAtLeastOnceSink(KafkaSinkBase, AtLeastOnceSink):
 
     def append(self, task: TaskInfo, batches: Iterator[pa.RecordBatch]) -> int:
         where = f"{FORMAT} sink {self.sink_id} batch {task.batch_id} partition {task.partition_id}"
-        records = Records.from_batches(batches, where)
         producer = self.take_producer(None)
-        delivery_errors = self.produce(producer, records, where)
+        errors: list[str] = []
+        rows = 0
+        for part in RecordStream.of(batches, where):  # sent as it arrives
+            self.produce(producer, part, where, errors, first_row=rows)
+            rows += len(part)
         remaining = producer.flush(60)
-        if delivery_errors() or remaining:
-            errors = delivery_errors()
+        if errors or remaining:
             raise RecordError(f"{where}: {len(errors) + remaining} records were not delivered: {(errors or ['timeout'])[0]}")
         self.give_producer(None, producer)
-        return len(records)
+        return rows

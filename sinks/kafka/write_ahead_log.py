@@ -4,6 +4,7 @@ output is visible only after the checkpoint, as with Flink."""
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -14,7 +15,7 @@ from oncekit.core.errors import OncekitError
 from oncekit.core.names import KafkaTransactionalId, MarkerGroup
 from oncekit.core.protocol import CommitOutcome, Committable, WriteAheadSink
 from oncekit.core.staging import StagedFiles
-from oncekit.sinks.kafka._common import FORMAT, KafkaSinkBase, Records
+from oncekit.sinks.kafka._common import FORMAT, KafkaSinkBase, RecordStream
 
 if TYPE_CHECKING:
     from oncekit.sinks.kafka.config import KafkaSinkConfig
@@ -32,16 +33,16 @@ class KafkaWriteAheadSink(KafkaSinkBase, WriteAheadSink):
         group = MarkerGroup(self.sink_id)
         if self.marker(group)[0] > batch_id:
             return CommitOutcome.ALREADY_COMMITTED
-        records = Records.concat(
-            Records.from_batches(batches, f"{where} partition {committable.partition_id}")
+        # Each staged file is read and sent in turn, with librdkafka sending while the next is read.
+        records = RecordStream(itertools.chain.from_iterable(
+            RecordStream.of(batches, f"{where} partition {committable.partition_id}")
             for committable, batches in self.staged_batches(batch_id, committables)
-        )
+        ))
 
         def attempt(producer: Producer) -> int:
             if self.marker(group)[0] > batch_id:  # published by another notification meanwhile
                 return 0
-            self.publish(producer, records, group, batch_id, where)
-            return len(records)
+            return self.publish(producer, records, group, batch_id, where)
 
         try:
             published = self.commit_with_fencing(KafkaTransactionalId(self.sink_id), where, attempt)
@@ -50,7 +51,7 @@ class KafkaWriteAheadSink(KafkaSinkBase, WriteAheadSink):
             if self._wait_for_marker(group, batch_id):
                 return CommitOutcome.ALREADY_COMMITTED
             raise
-        return CommitOutcome.COMMITTED if published or not records else CommitOutcome.ALREADY_COMMITTED
+        return CommitOutcome.COMMITTED if published or not any(c.rows for c in committables) else CommitOutcome.ALREADY_COMMITTED
 
     def _wait_for_marker(self, group: MarkerGroup, batch_id: int, timeout_s: float = 60.0) -> bool:
         deadline = time.monotonic() + timeout_s

@@ -1,0 +1,76 @@
+"""The transactional Kafka sink's task path on a real broker, without Spark: records streamed into
+the transaction part by part, a pooled producer that a newer one has fenced (another Python
+worker ran the partition since), an input cut mid-stream, and a replay. Output is read with
+read_committed and compared as a multiset."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from oncekit.connectors import KafkaConfig
+from oncekit.connectors.kafka import create_topic
+from oncekit.core.errors import TaskInputCutError
+from oncekit.core.names import KafkaTransactionalId, MarkerGroup
+from oncekit.core.protocol import TaskInfo
+from oncekit.sinks.kafka import KafkaSinkConfig, KafkaTransactionalSink, kafka_sink
+from oncekit.verify.io import read_committed
+
+pytestmark = pytest.mark.services
+
+PARTS = [[f"{p}-{i}" for i in range(1_000)] for p in range(5)]  # five Arrow batches of one task
+
+
+def batches(cut_after: int | None = None) -> Iterator[pa.RecordBatch]:
+    for index, values in enumerate(PARTS):
+        if index == cut_after:
+            raise TaskInputCutError("input cut by the test")
+        yield pa.record_batch([pa.array(values).cast(pa.binary())], names=["value"])
+
+
+def expected() -> Counter[bytes]:
+    return Counter(v.encode() for values in PARTS for v in values)
+
+
+def new_sink(kafka: KafkaConfig, topic: str, tmp_path: Path) -> tuple[KafkaSinkConfig, KafkaTransactionalSink]:
+    create_topic(kafka, topic, partitions=2)
+    config = kafka_sink(kafka.bootstrap_servers, topic, "transactional", partitions=2)
+    sink = config.build(str(tmp_path))
+    assert isinstance(sink, KafkaTransactionalSink)
+    sink.preflight()
+    return config, sink
+
+
+def test_pooled_producer_fenced_by_another_worker_starts_over_and_commits_once(
+        kafka: KafkaConfig, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    config, sink = new_sink(kafka, "fencing-pooled", tmp_path)
+    transactional_id = KafkaTransactionalId(config.sink_id, 0)
+    stale = sink.take_producer(transactional_id, fresh=True)
+    sink.take_producer(transactional_id, fresh=True)  # "another worker": fences the first
+    sink.give_producer(transactional_id, stale)  # the pool now holds the fenced one
+    with caplog.at_level(logging.INFO, logger="oncekit.sinks.kafka._common"):
+        rows = sink.write_partition(TaskInfo(config.sink_id, 0, 0, 1), batches())
+    assert rows == []  # committed in the task: nothing left for the driver
+    assert any("producer fenced" in r.getMessage() for r in caplog.records)
+    total = sum(map(len, PARTS))
+    assert Counter(read_committed(kafka, config.topic, total)) == expected()
+    offset, marker = sink.marker(MarkerGroup(config.sink_id, 0))
+    assert (offset, marker["rows"]) == (1, total)
+
+
+def test_input_cut_mid_stream_leaves_nothing_visible_and_the_replay_commits_once(
+        kafka: KafkaConfig, tmp_path: Path) -> None:
+    config, sink = new_sink(kafka, "fencing-cut", tmp_path)
+    with pytest.raises(TaskInputCutError):
+        sink.write_partition(TaskInfo(config.sink_id, 0, 1, 1), batches(cut_after=3))
+    assert read_committed(kafka, config.topic, 1, timeout_s=3) == []
+    assert sink.marker(MarkerGroup(config.sink_id, 1))[0] < 0
+    sink.write_partition(TaskInfo(config.sink_id, 0, 1, 2), batches())
+    sink.write_partition(TaskInfo(config.sink_id, 0, 1, 3), batches())  # a replay: finds the marker, writes nothing
+    assert Counter(read_committed(kafka, config.topic, sum(map(len, PARTS)))) == expected()
+
