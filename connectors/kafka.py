@@ -81,6 +81,13 @@ class ClientPool:
                 return
         _close(client)  # another user gave one back first; one idle client per key is enough
 
+    def discard(self, key: tuple[Any, ...]) -> None:
+        """Close the idle client of ``key``, if any: its user knows it cannot work any more."""
+        with self._lock:
+            found = self._idle.pop(key, None)
+        if found is not None:
+            _close(found)
+
     @contextmanager
     def borrowed(self, key: tuple[Any, ...], make: Callable[[], ClientT]) -> Iterator[ClientT]:
         """A client of ``key`` for the ``with`` block: given back if the block ends normally,

@@ -8,13 +8,13 @@ The commit sequence of one batch N (checkpoint id = Spark batch id):
    journals the committables under ``<checkpoint>/oncekit/<sink>/`` and returns.
 3. Spark writes ``commits/N``: the checkpoint is complete.
 4. A notification for N commits every journaled batch up to N that Spark logged as committed
-   (:meth:`CheckpointEngine.complete`): from the query listener, from the recovery that runs
-   before the next batch, or when the query stops. Notifications may be late, repeated or lost;
-   commits are idempotent.
-5. Recovery (:meth:`CheckpointEngine.recover`) runs whenever the stream writer is created on the
-   driver, which Spark does before every batch and before every driver commit: it commits what
-   belongs to completed checkpoints, aborts what belongs to checkpoints that did not complete,
-   and aborts leftovers of failed task attempts and earlier runs.
+   (:meth:`CheckpointEngine.complete`): from the query listener, from a later batch's step 2,
+   or when the query stops. Notifications may be late, repeated or lost; commits are idempotent.
+5. Recovery (:meth:`CheckpointEngine.recover`) runs in the first stream writer Spark creates on
+   the driver after a query start (every writer, for a query started without
+   :func:`~oncekit.core.spark.query.start_query`): it commits what belongs to completed
+   checkpoints, aborts what belongs to checkpoints that did not complete, and aborts leftovers
+   of failed task attempts and earlier runs.
 """
 
 from __future__ import annotations
@@ -79,12 +79,17 @@ class CheckpointEngine:
 
     # -- driver side -------------------------------------------------------------------------
 
-    def checkpoint(self, batch_id: int, committables: Sequence[Committable]) -> None:
+    def checkpoint(self, batch_id: int, committables: Sequence[Committable], listener: bool = False) -> None:
         """Driver, in the stream writer's commit for ``batch_id``, before Spark's commit log:
-        catch up on earlier completed checkpoints, journal this one, drop lost attempts. A batch
+        catch up on earlier completed checkpoints, journal this one, drop lost attempts, forget
+        what no recovery can need any more (:meth:`_prune`). A batch
         with nothing to commit later is journaled too: its checkpoint-complete notification is
-        still the sink's to hear (and the crash points' to test)."""
-        self.complete(batch_id - 1)
+        still the sink's to hear (and the crash points' to test).
+
+        With a ``listener``, the previous batch is left to it: it is most likely committing
+        that batch right now, and two committers of one batch fence each other (Kafka) or wait
+        on each other's locks (PostgreSQL). The catch-up then reaches only the batch before."""
+        self.complete(batch_id - (2 if listener else 1))
         self.journal.write(batch_id, committables)
         logger.info("sink %s batch %s: journaled %s committables", self.sink.sink_id, batch_id, len(committables))
         crash_point("driver_after_journal", batch_id)
@@ -92,6 +97,8 @@ class CheckpointEngine:
         lost = [c for c in self.sink.leftovers([batch_id]) if c.key not in kept]
         if lost:
             self.sink.abort_batch(batch_id, lost)
+        journaled, done = self.journal.entries()
+        self._prune(self.spark_log.completed(), journaled, done)  # recovery runs once per query start
 
     def abort(self, batch_id: int, committables: Sequence[Committable]) -> None:
         """Driver, in the stream writer's abort: Spark gave up on ``batch_id``."""
@@ -115,7 +122,7 @@ class CheckpointEngine:
         return committed
 
     def recover(self) -> RecoveryReport:
-        """Driver, when the stream writer is created (before every batch and every driver commit).
+        """Driver, in the first stream writer of a query run (see :class:`~oncekit.core.spark.writer.QueryRun`).
 
         - journaled batches Spark logged as committed: committed (recover_and_commit);
         - journaled batches Spark did not log: aborted and forgotten (Spark re-runs them);

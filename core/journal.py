@@ -1,7 +1,8 @@
 """The journal beside Spark's checkpoint: what the driver received from the tasks, per batch.
 
 Layout under ``<checkpoint>/oncekit/<sink_id>/journal/``: ``<batch>.json`` holds the committables
-the driver received for that batch; ``<batch>.done`` appears once all of them are committed.
+the driver received for that batch; ``<batch>.done`` appears once all of them are committed; ``run`` names the newest query run
+that has recovered (:class:`~oncekit.core.spark.writer.QueryRun`).
 Whether a batch's checkpoint is complete is Spark's commit log's to say (:mod:`oncekit.core.spark_log`).
 """
 
@@ -51,6 +52,17 @@ class Journal:
     def delete(self, batch_id: int) -> None:
         delete_file(self.fs, self._path(batch_id, ".json"))
         delete_file(self.fs, self._path(batch_id, ".done"))
+
+    def run(self) -> str | None:
+        """The token of the newest query run whose first stream writer recovered (``run``)."""
+        try:
+            return read_bytes(self.fs, f"{self.directory}/run").decode()
+        except FileNotFoundError:
+            return None
+
+    def start_run(self, token: str) -> None:
+        """Driver, the first stream writer of a query run, once it has recovered."""
+        write_atomically(self.fs, f"{self.directory}/run", token.encode())
 
     def sweep(self, before_batch: int) -> None:
         """Driver, in recovery: delete temporaries that killed writers left for batches before

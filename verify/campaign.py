@@ -80,6 +80,7 @@ class Campaign:
         self.expected: list[int] = []
         self.upstream = upstream
         self.produced = 0
+        self.stalls: list[str] = []  # stack dumps of faults the pipeline never caught up on
 
     def observe(self) -> list[Hashable] | None:
         """:meth:`output`, or None while a service it reads is unreachable (a fault in progress,
@@ -162,6 +163,10 @@ class Campaign:
         if fault.kind == "crash" and ended is None:
             disarm(self.crash_dir, fault.point or "")
         verdict = compare(self.wanted(), self.output())
+        if caught_up is None and verdict.name != "exactly-once":
+            # No progress until the deadline: where the pipeline waits is the first thing to know.
+            self.stalls.append(f"fault {fault}: no catch-up in {self.catch_up_s:.0f} s; stacks of the driver's "
+                               f"processes:\n{self.driver.stacks()}")
         start = ended if ended is not None else time.monotonic()
         recovery = max(0.0, round(caught_up - start, 1)) if caught_up is not None else float("nan")
         return FaultResult(str(fault), ended is not None, batch, self.query_restarts() - restarts_before,
@@ -265,6 +270,7 @@ def run_campaign(pipeline: str, services: Services, faults: int | list[Fault], s
         if code not in (0, None):
             left.append(f"driver exited with {code} when stopped")
         log = (work / "driver.log").read_text(errors="replace")[-4000:] if (work / "driver.log").exists() else ""
+        log = "\n".join([*campaign.stalls, log])
         return CampaignReport(pipeline, seed, guarantee, results, final.name, left, log)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -126,6 +127,25 @@ class DriverProcess:
         return self.process is not None and self.process.poll() is None \
             and started.exists() and started.stat().st_mtime >= self.launched
 
+    def stacks(self) -> str:
+        """The Python stacks of every process of the driver's process group (the driver, its
+        Spark JVM's Python workers), by ``py-spy dump``: for a campaign to show where a pipeline
+        that stopped making progress is waiting. Empty without py-spy or a running driver."""
+        spy = shutil.which("py-spy") or shutil.which("py-spy", path=os.path.dirname(sys.executable))
+        if spy is None or self.process is None or self.process.poll() is not None:
+            return ""
+        dumps = []
+        for pid in _process_group(self.process.pid):
+            try:
+                command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if "python" not in command:
+                continue
+            dumped = subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=60)
+            dumps.append(f"--- pid {pid}: {command[:160]}\n{dumped.stdout or dumped.stderr}")
+        return "\n".join(dumps)
+
     def kill(self) -> None:
         if self.process is not None and self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGKILL)
@@ -142,3 +162,19 @@ class DriverProcess:
             except subprocess.TimeoutExpired:
                 self.kill()
         return self.process.returncode
+
+
+def _process_group(pgid: int) -> list[int]:
+    """The pids of the processes in process group ``pgid`` (Linux /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state ppid pgrp ...
+        if int(fields[2]) == pgid:
+            found.append(int(entry.name))
+    return sorted(found)

@@ -18,6 +18,7 @@ from pyspark.sql.streaming.listener import StreamingQueryListener
 
 from oncekit.core.engine import CheckpointEngine
 from oncekit.core.protocol import SinkConfig
+from oncekit.core.spark.writer import QueryRun
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -25,6 +26,8 @@ if TYPE_CHECKING:
 
 
 logger = logging.getLogger(__name__)
+
+LAST_NOTIFICATION_WAIT_S = 60.0  # the listener's commit of the last batches; then the caller commits
 
 
 class CheckpointListener(StreamingQueryListener):
@@ -34,7 +37,8 @@ class CheckpointListener(StreamingQueryListener):
 
     def __init__(self) -> None:
         self._watched: dict[str, list[tuple[SinkConfig, str]]] = {}
-        self._lock = threading.Lock()
+        self._terminated: set[str] = set()  # queries whose termination notification has run
+        self._lock = threading.Condition()
 
     def watch(self, query_id: str, config: SinkConfig, checkpoint: str) -> None:
         with self._lock:
@@ -67,6 +71,18 @@ class CheckpointListener(StreamingQueryListener):
         self._notify(str(event.id), None)
         with self._lock:
             self._watched.pop(str(event.id), None)
+            self._terminated.add(str(event.id))
+            self._lock.notify_all()
+
+    def wait_terminated(self, query_id: str, timeout_s: float) -> bool:
+        """Called by :class:`OncekitQuery` once its query has stopped: wait until this listener
+        has delivered the query's last notification (Spark's listener bus delivers it a little
+        after ``awaitTermination`` returns), so that the caller's own catch-up does not commit
+        the same batches at the same time. False if it did not come within ``timeout_s``."""
+        with self._lock:
+            done = self._lock.wait_for(lambda: query_id in self._terminated, timeout_s)
+            self._terminated.discard(query_id)
+            return done
 
 
 # Keyed by the session object itself (weakly): an id() would be reused by a later session
@@ -90,8 +106,9 @@ class OncekitQuery:
     checkpoint-complete notification, so that once they return, every completed checkpoint's
     output is committed. Everything else is the StreamingQuery's own."""
 
-    def __init__(self, query: StreamingQuery, sink: SinkConfig, checkpoint: str) -> None:
-        self.query, self.sink, self.checkpoint = query, sink, checkpoint
+    def __init__(self, query: StreamingQuery, sink: SinkConfig, checkpoint: str,
+                 watcher: CheckpointListener | None = None) -> None:
+        self.query, self.sink, self.checkpoint, self.watcher = query, sink, checkpoint, watcher
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.query, name)
@@ -100,15 +117,22 @@ class OncekitQuery:
         """Commit every journaled checkpoint that Spark logged as committed."""
         return CheckpointEngine.of(self.sink, self.checkpoint).complete()
 
+    def _stopped(self) -> None:
+        # The listener's termination notification commits the last batches; wait for it
+        # rather than race it, then catch up on whatever it could not commit.
+        if self.watcher is not None:
+            self.watcher.wait_terminated(str(self.query.id), LAST_NOTIFICATION_WAIT_S)
+        self.complete()
+
     def stop(self) -> None:
         self.query.stop()
-        self.complete()
+        self._stopped()
 
     def await_termination(self, timeout: float | None = None) -> bool:
         """Like StreamingQuery.awaitTermination; raises the query's error if it failed."""
         finished = self.query.awaitTermination(timeout) if timeout is not None else self.query.awaitTermination()  # type: ignore[arg-type]
         if finished is None or finished:
-            self.complete()
+            self._stopped()
             return True
         return False
 
@@ -133,7 +157,8 @@ def start_query(
     spark.dataSource.register(sink.data_source())
     if "://" not in checkpoint and not checkpoint.startswith("file:"):
         checkpoint = os.path.abspath(checkpoint)
-    writer = (frame.writeStream.format(sink.format_name).options(**sink.to_options())
+    run = QueryRun.started(listener=notify)
+    writer = (frame.writeStream.format(sink.format_name).options(**sink.to_options(), **run.to_options())
               .option("checkpointLocation", checkpoint).outputMode(output_mode))
     if trigger:
         writer = writer.trigger(**trigger)
@@ -143,4 +168,4 @@ def start_query(
     query = writer.start()
     if watcher is not None:
         watcher.watch(str(query.id), sink, checkpoint)
-    return OncekitQuery(query, sink, checkpoint)
+    return OncekitQuery(query, sink, checkpoint, watcher)

@@ -5,6 +5,11 @@ the driver machine before every batch (to ship it to the tasks) and again for ev
 commit or abort; ``write`` runs in tasks on the executors. None of these processes has a
 SparkSession, so the writer carries only the sink's configuration and the checkpoint location,
 and every step reaches the journal through storage.
+
+A query started by :func:`~oncekit.core.spark.query.start_query` carries a :class:`QueryRun` in
+its options: then only the first writer of the run preflights and recovers; later writers leave
+checkpoint-complete notifications to the listener, or deliver them when there is none. A query
+started with a plain ``format(...)`` has none, and every writer recovers.
 """
 
 from __future__ import annotations
@@ -13,7 +18,9 @@ import logging
 import os
 import struct
 import sys
+import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -36,6 +43,7 @@ logger = logging.getLogger(__name__)
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 
 _preflighted: set[tuple[str, str]] = set()
+_started_runs: set[tuple[str, str, str]] = set()
 
 # What the JVM writes to a Python worker right after a task's whole input (pyspark's
 # SpecialLengths.END_OF_STREAM, a big-endian int).
@@ -50,6 +58,32 @@ class EngineCommitMessage(WriterCommitMessage):
         self.committables = committables
 
 
+@dataclass(frozen=True)
+class QueryRun:
+    """One start of a query, as :func:`~oncekit.core.spark.query.start_query` tells the writer
+    through two options: ``token`` is new at every start; ``listener`` says that a
+    :class:`~oncekit.core.spark.query.CheckpointListener` delivers its checkpoint-complete
+    notifications."""
+
+    token: str | None = None
+    listener: bool = False
+
+    TOKEN_OPTION: ClassVar[str] = "oncekit.run"
+    LISTENER_OPTION: ClassVar[str] = "oncekit.listener"
+
+    @classmethod
+    def started(cls, listener: bool) -> QueryRun:
+        return cls(uuid.uuid4().hex, listener)
+
+    def to_options(self) -> dict[str, str]:
+        return {self.TOKEN_OPTION: self.token or "", self.LISTENER_OPTION: str(self.listener).lower()}
+
+    @classmethod
+    def from_options(cls, options: dict[str, str]) -> QueryRun:
+        lowered = {k.lower(): v for k, v in options.items()}
+        return cls(lowered.get(cls.TOKEN_OPTION) or None, lowered.get(cls.LISTENER_OPTION) == "true")
+
+
 def checkpoint_of(options: dict[str, str], sink: str) -> str:
     checkpoint = options.get("checkpointlocation")
     if not checkpoint:
@@ -60,19 +94,29 @@ def checkpoint_of(options: dict[str, str], sink: str) -> str:
 class EngineStreamWriter(DataSourceStreamArrowWriter):
     """Spark's stream writer for every oncekit sink; the protocol logic lives in the engine."""
 
-    def __init__(self, config: SinkConfig, checkpoint: str) -> None:
-        self.config, self.checkpoint = config, checkpoint
+    def __init__(self, config: SinkConfig, checkpoint: str, run: QueryRun) -> None:
+        self.config, self.checkpoint, self.run = config, checkpoint, run
         engine = self._engine()
-        key = (config.sink_id, checkpoint)
-        if key not in _preflighted:
+        if run.token is None:  # a plain format(...) query: every writer recovers
+            if (config.sink_id, checkpoint) not in _preflighted:
+                engine.preflight()
+                _preflighted.add((config.sink_id, checkpoint))
+            _recover(engine)
+            return
+        # Recovery mends what an earlier run left; within a run, checkpoint and abort keep the
+        # journal and the sink in step. Recovering at every writer (two a batch) would cost a
+        # scan a batch and race the listener's commit of the newest batch.
+        started = (config.sink_id, checkpoint, run.token)
+        if started not in _started_runs and engine.journal.run() != run.token:
             engine.preflight()
-            _preflighted.add(key)
-        report = engine.recover()
-        if report.committed_batches:  # the usual catch-up of the previous batch
-            logger.info("sink %s: committed completed batches %s", config.sink_id, report.committed_batches)
-        if report.aborted_batches or report.aborted_leftovers:
-            logger.warning("sink %s recovery: aborted batches %s and leftovers %s", config.sink_id,
-                           report.aborted_batches, report.aborted_leftovers)
+            _recover(engine)
+            engine.journal.start_run(run.token)
+        elif not run.listener:
+            # No listener: the writer Spark creates before each batch is the checkpoint-complete
+            # notification of the batch before, and it must reach the sink before the next
+            # batch's tasks write (a prepared transaction holds the locks of its rows).
+            engine.complete()
+        _started_runs.add(started)
 
     def _engine(self) -> CheckpointEngine:
         return CheckpointEngine.of(self.config, self.checkpoint)
@@ -92,11 +136,20 @@ class EngineStreamWriter(DataSourceStreamArrowWriter):
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Driver: every task succeeded; journal the batch before Spark logs it as committed."""
-        self._engine().checkpoint(batchId, _committables(messages))
+        self._engine().checkpoint(batchId, _committables(messages), listener=self.run.listener)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Driver: the batch failed; abort what its tasks pre-committed."""
         self._engine().abort(batchId, _committables(messages))
+
+
+def _recover(engine: CheckpointEngine) -> None:
+    report = engine.recover()
+    if report.committed_batches:  # the usual catch-up of the previous batch
+        logger.info("sink %s: committed completed batches %s", engine.sink.sink_id, report.committed_batches)
+    if report.aborted_batches or report.aborted_leftovers:
+        logger.warning("sink %s recovery: aborted batches %s and leftovers %s", engine.sink.sink_id,
+                       report.aborted_batches, report.aborted_leftovers)
 
 
 def whole_input(batches: Iterator[pa.RecordBatch], task: TaskInfo) -> Iterator[pa.RecordBatch]:
@@ -155,8 +208,10 @@ class SinkDataSource(DataSource):
         return cls.config_type.format_name
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
-        config = self.config_type.from_options(dict(self.options), tuple(schema.fieldNames()))
-        return EngineStreamWriter(config, checkpoint_of(dict(self.options), self.config_type.format_name))
+        options = dict(self.options)
+        config = self.config_type.from_options(options, tuple(schema.fieldNames()))
+        return EngineStreamWriter(config, checkpoint_of(options, self.config_type.format_name),
+                                  QueryRun.from_options(options))
 
 
 class FanOutDataSource(SinkDataSource):

@@ -22,11 +22,14 @@ import itertools
 import json
 import logging
 import operator
+import os
+import tempfile
 import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -211,9 +214,12 @@ class KafkaSinkBase:
         """A producer of this process's pool (a new one when ``fresh``): idempotent (``None``) or
         transactional. A new transactional producer runs ``init_transactions``, which fences
         every earlier producer with the same id and aborts the transaction it left open; one taken
-        from the pool was initialised by an earlier task, and if a newer producer has fenced it
-        since, its first transactional call fails fatally and :meth:`commit_with_fencing` starts
-        over with a fresh one."""
+        from the pool was initialised by an earlier task. If a producer of another process on
+        this machine has been initialised since (:class:`LatestInit` says so), the pooled one is
+        fenced for sure and a new one is made at once; if one on another machine has, its first
+        transactional call fails fatally and :meth:`commit_with_fencing` starts over with a
+        fresh one."""
+        key = (*self._client_key, str(transactional_id))
 
         def make() -> Producer:
             if transactional_id is None:
@@ -221,9 +227,13 @@ class KafkaSinkBase:
             producer = self._new_producer(transactional_id=str(transactional_id),
                                           transaction_timeout_ms=self.config.transaction_timeout_ms)
             producer.init_transactions(30)
+            LATEST_INIT.record(transactional_id)
             return producer
 
-        return make() if fresh else CLIENTS.take((*self._client_key, str(transactional_id)), make)
+        if transactional_id is not None and not fresh and not LATEST_INIT.here(transactional_id):
+            CLIENTS.discard(key)
+            fresh = True
+        return make() if fresh else CLIENTS.take(key, make)
 
     def give_producer(self, transactional_id: KafkaTransactionalId | None, producer: Producer) -> None:
         CLIENTS.give((*self._client_key, str(transactional_id)), producer)
@@ -364,6 +374,40 @@ class KafkaSinkBase:
             raise OncekitError(f"{where}: transaction {transactional_id} failed: {exc.args[0].str()}{hint}") from exc
         self.give_producer(transactional_id, producer)
         return result
+
+
+class LatestInit:
+    """Which process of this machine initialised a transactional id's producer last: a file per
+    id under the temporary directory, holding the pid. Spark hands a partition's task to any of
+    its Python workers, and each worker pools its own producer of the partition's id, so a
+    pooled producer is often one that another worker's newer producer has fenced. Using it costs
+    a failed round trip and a producer dropped mid-transaction; this record lets the task make
+    a new one at once instead. A hint only: Kafka's fencing still decides, so a record that is
+    stale, missing or from another machine costs time, never correctness."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def record(self, transactional_id: KafkaTransactionalId) -> None:
+        """After ``init_transactions``: this process now holds the id's newest producer."""
+        try:
+            self.folder.mkdir(exist_ok=True)
+            scratch = self.folder / f".{transactional_id}.{os.getpid()}"
+            scratch.write_text(str(os.getpid()))
+            os.replace(scratch, self.folder / str(transactional_id))
+        except OSError:
+            pass  # no record: pooled producers are tried, and fencing tells
+
+    def here(self, transactional_id: KafkaTransactionalId) -> bool:
+        """Whether no other process of this machine initialised a producer of the id since this
+        one did (true when there is no record to tell)."""
+        try:
+            return (self.folder / str(transactional_id)).read_text() == str(os.getpid())
+        except OSError:
+            return True
+
+
+LATEST_INIT = LatestInit(Path(tempfile.gettempdir()) / "oncekit-transactional-ids")
 
 
 def _commit_transaction(producer: Producer) -> None:

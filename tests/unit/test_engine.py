@@ -119,6 +119,63 @@ def test_driver_commit_aborts_lost_attempts_of_its_batch(engine: CheckpointEngin
     assert list(sink_of(engine).prepared) == [kept.transaction_id]
 
 
+def test_driver_commit_with_a_listener_leaves_the_previous_batch_to_it(engine: CheckpointEngine, tmp_path: Path) -> None:
+    for batch_id in (0, 1):
+        engine.checkpoint(batch_id, [prepare(engine, batch_id, 0)], listener=True)
+        spark_logged(tmp_path, "commits", batch_id)
+    engine.checkpoint(2, [prepare(engine, 2, 0)], listener=True)
+    assert sink_of(engine).committed == ["oncekit:memory:0:0:0"]  # batch 1: the listener's to commit
+    spark_logged(tmp_path, "commits", 2)
+    engine.checkpoint(3, [prepare(engine, 3, 0)])  # no listener: the catch-up reaches the previous batch
+    assert sink_of(engine).committed == ["oncekit:memory:0:0:0", "oncekit:memory:1:0:0", "oncekit:memory:2:0:0"]
+
+
+def test_driver_commit_prunes_what_spark_no_longer_keeps(engine: CheckpointEngine, tmp_path: Path) -> None:
+    """A run recovers once, at its start: the driver commits keep the journal bounded."""
+    for batch_id in (0, 1, 2):
+        engine.checkpoint(batch_id, [prepare(engine, batch_id, 0)])
+        spark_logged(tmp_path, "commits", batch_id)
+    (tmp_path / "commits" / "0").unlink()  # Spark deleted its oldest commit file
+    engine.checkpoint(3, [prepare(engine, 3, 0)])
+    assert Journal(str(tmp_path), "memory").entries() == ({1, 2, 3}, {1, 2})
+    assert sink_of(engine).forgotten == [1]
+
+
+def test_only_the_first_stream_writer_of_a_query_run_recovers(engine: CheckpointEngine, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from oncekit.core.spark import writer as spark_writer
+
+    monkeypatch.setattr(spark_writer.EngineStreamWriter, "_engine", lambda self: engine)
+    monkeypatch.setattr(engine, "preflight", lambda: None)
+    monkeypatch.setattr(spark_writer, "_started_runs", set())
+    config: Any = SimpleNamespace(sink_id="memory")
+
+    def writer(token: str) -> None:
+        spark_writer.EngineStreamWriter(config, str(tmp_path), spark_writer.QueryRun(token, listener=True))
+
+    def journaled_and_completed(batch_id: int) -> None:
+        engine.journal.write(batch_id, [prepare(engine, batch_id, 0)])
+        spark_logged(tmp_path, "commits", batch_id)
+
+    journaled_and_completed(0)
+    writer("run-1")
+    assert sink_of(engine).committed == ["oncekit:memory:0:0:0"]
+    journaled_and_completed(1)
+    writer("run-1")  # the same process, later in the run
+    spark_writer._started_runs.clear()
+    writer("run-1")  # another process of the run: the journal names the run that recovered
+    assert sink_of(engine).committed == ["oncekit:memory:0:0:0"]
+    writer("run-2")  # the query started again
+    assert sink_of(engine).committed == ["oncekit:memory:0:0:0", "oncekit:memory:1:0:0"]
+    journaled_and_completed(2)
+    spark_writer.EngineStreamWriter(config, str(tmp_path), spark_writer.QueryRun("run-2", listener=False))
+    assert sink_of(engine).committed[-1] == "oncekit:memory:2:0:0"  # no listener: the writer notifies
+    assert spark_writer.QueryRun.from_options({"OnceKit.Run": "r", "oncekit.listener": "true"}) == \
+        spark_writer.QueryRun("r", True)
+
+
 def test_recover_prunes_finished_batches_spark_no_longer_keeps(engine: CheckpointEngine, tmp_path: Path) -> None:
     for batch_id in (0, 1, 2):
         engine.checkpoint(batch_id, [prepare(engine, batch_id, 0)])
