@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
 
     demo = commands.add_parser("demo", help="the main job: the reference pipeline end to end, with a crash and a restart")
     demo.add_argument("--backend", choices=BACKENDS, help="services backend (default: the config's, auto)")
-    demo.add_argument("--records", type=int, default=20_000, help="payment records to produce")
+    demo.add_argument("--records", type=int, default=200_000, help="payment records to produce")
     demo.add_argument("--config", help="pipeline config file (TOML; default: the packaged pipeline.toml)")
     demo.add_argument("--seed", type=int, default=7)
     demo.add_argument("--no-crash", action="store_true", help="do not crash the pipeline mid-run")

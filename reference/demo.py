@@ -325,7 +325,7 @@ def _run(pipeline: ReferencePipeline, config: PipelineConfig, workload: Workload
     return report
 
 
-def main(backend: str | None = None, records: int = 20_000, config_path: str | None = None, seed: int = 7,
+def main(backend: str | None = None, records: int = 200_000, config_path: str | None = None, seed: int = 7,
          crash: bool = True, ui_port: int | None = None) -> int:
     """``oncekit demo``: returns 0 when every line of the report is OK."""
     # About four batches per query, so that the crash at batch 1 falls mid-run.
