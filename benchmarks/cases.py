@@ -91,13 +91,14 @@ def measure(group: Group, case: Case, source: data.Input) -> Row:
 
 
 def run_group(bench: Bench, group: Group) -> Table:
-    """Every case on the warm-up input (its row dropped), then on the measured input."""
+    """Every case on the warm-up input (rows dropped), then every case on the measured input:
+    no case is measured on a colder JVM and fewer warmed Python workers than the others."""
     print(f"{group.title}", file=sys.stderr, flush=True)
     table = Table(f"{group.title}: {bench.options.describe()}", THROUGHPUT, ("records/s",),
                   "records/s; above 1 the kit is faster", ratios=group.ratios, notes=group.notes)
-    for case in group.cases:
-        rows = [measure(group, case, source) for source in bench.inputs]
-        table.rows.append(rows[-1])
+    for source in bench.inputs:
+        rows = [measure(group, case, source) for case in group.cases]
+    table.rows += rows
     return table
 
 

@@ -109,17 +109,20 @@ class CheckpointEngine:
     def complete(self, up_to: int | None = None) -> list[int]:
         """Checkpoint-complete notification: commit every journaled, not yet committed batch
         up to ``up_to`` (all if None) that Spark logged as committed. Returns those batch ids."""
+        committed = self.uncommitted(up_to)
+        for batch_id in committed:
+            self._commit(batch_id)
+        return committed
+
+    def uncommitted(self, up_to: int | None = None) -> list[int]:
+        """The journaled batches up to ``up_to`` (all if None) that Spark logged as committed
+        and the sink has not committed yet: what :meth:`complete` would commit."""
         journaled, done = self.journal.entries()
         candidates = sorted(b for b in journaled - done if up_to is None or b <= up_to)
         if not candidates:
             return []
         completed = self.spark_log.completed()
-        committed = []
-        for batch_id in candidates:
-            if batch_id in completed:
-                self._commit(batch_id)
-                committed.append(batch_id)
-        return committed
+        return [b for b in candidates if b in completed]
 
     def recover(self) -> RecoveryReport:
         """Driver, in the first stream writer of a query run (see :class:`~oncekit.core.spark.writer.QueryRun`).

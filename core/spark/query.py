@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -37,8 +38,8 @@ class CheckpointListener(StreamingQueryListener):
 
     def __init__(self) -> None:
         self._watched: dict[str, list[tuple[SinkConfig, str]]] = {}
-        self._terminated: set[str] = set()  # queries whose termination notification has run
-        self._lock = threading.Condition()
+        self._terminated: dict[str, None] = {}  # the last queries whose termination notification has run
+        self._lock = threading.Lock()
 
     def watch(self, query_id: str, config: SinkConfig, checkpoint: str) -> None:
         with self._lock:
@@ -71,18 +72,14 @@ class CheckpointListener(StreamingQueryListener):
         self._notify(str(event.id), None)
         with self._lock:
             self._watched.pop(str(event.id), None)
-            self._terminated.add(str(event.id))
-            self._lock.notify_all()
+            self._terminated[str(event.id)] = None
+            if len(self._terminated) > 1_000:  # a process that restarts queries for days
+                del self._terminated[next(iter(self._terminated))]
 
-    def wait_terminated(self, query_id: str, timeout_s: float) -> bool:
-        """Called by :class:`OncekitQuery` once its query has stopped: wait until this listener
-        has delivered the query's last notification (Spark's listener bus delivers it a little
-        after ``awaitTermination`` returns), so that the caller's own catch-up does not commit
-        the same batches at the same time. False if it did not come within ``timeout_s``."""
+    def terminated(self, query_id: str) -> bool:
+        """Whether this listener has delivered the query's termination notification."""
         with self._lock:
-            done = self._lock.wait_for(lambda: query_id in self._terminated, timeout_s)
-            self._terminated.discard(query_id)
-            return done
+            return query_id in self._terminated
 
 
 # Keyed by the session object itself (weakly): an id() would be reused by a later session
@@ -118,11 +115,16 @@ class OncekitQuery:
         return CheckpointEngine.of(self.sink, self.checkpoint).complete()
 
     def _stopped(self) -> None:
-        # The listener's termination notification commits the last batches; wait for it
-        # rather than race it, then catch up on whatever it could not commit.
-        if self.watcher is not None:
-            self.watcher.wait_terminated(str(self.query.id), LAST_NOTIFICATION_WAIT_S)
-        self.complete()
+        # The listener commits the last batches (their progress events, then the termination);
+        # wait until it has, rather than race it (two publishers of one Kafka batch fence each
+        # other), then commit whatever it left.
+        engine = CheckpointEngine.of(self.sink, self.checkpoint)
+        deadline = time.monotonic() + LAST_NOTIFICATION_WAIT_S
+        query_id = str(self.query.id)
+        while (self.watcher is not None and not self.watcher.terminated(query_id) and engine.uncommitted()
+               and time.monotonic() < deadline):
+            time.sleep(0.05)
+        engine.complete()
 
     def stop(self) -> None:
         self.query.stop()

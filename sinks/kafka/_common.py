@@ -305,10 +305,12 @@ class KafkaSinkBase:
                                  headers={"oncekit.error": f"{where}: row {first_row + row}: too large"})
 
     def publish(self, producer: Producer, records: Iterable[Records], group: MarkerGroup, batch_id: int,
-                where: str) -> int:
+                where: str, go_ahead: Callable[[int, str], bool] = lambda rows, checksum: True) -> int:
         """Write ``records`` and the batch marker in one transaction, and commit it; return the
         rows written. Records are produced part by part as they arrive, so librdkafka sends while
         Spark still delivers the task's input, and the commit waits only for the last part.
+        ``go_ahead`` hears the rows and checksum once the last part is in; if it says no, the
+        transaction is aborted and nothing is written (0 is returned).
 
         The marker (rows and checksum) goes last, right before the commit: while a transaction
         holds a pending marker, every read_committed marker read of its group waits for it, so
@@ -319,16 +321,19 @@ class KafkaSinkBase:
         :meth:`commit_with_fencing`."""
         producer.begin_transaction()
         try:
-            with self._marker_consumer(group) as consumer:
-                group_metadata = consumer.consumer_group_metadata()  # a copy: outlives the loan
-
             errors: list[str] = []
             rows = crc_total = 0
             for part in records:
                 self.produce(producer, part, where, errors, first_row=rows)
                 rows += len(part)
                 crc_total += part.crc_total
-            metadata = json.dumps({"batch": batch_id, "rows": rows, "checksum": checksum(rows, crc_total)})
+            total = checksum(rows, crc_total)
+            if not go_ahead(rows, total):
+                producer.abort_transaction(30)
+                return 0
+            with self._marker_consumer(group) as consumer:
+                group_metadata = consumer.consumer_group_metadata()  # a copy: outlives the loan
+            metadata = json.dumps({"batch": batch_id, "rows": rows, "checksum": total})
             producer.send_offsets_to_transaction(
                 [TopicPartition(self.config.topic, 0, batch_id + 1, metadata)], group_metadata, 30)
             crash_point("kafka_commit", batch_id, group.partition_id)
