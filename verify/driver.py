@@ -128,14 +128,14 @@ class DriverProcess:
             and started.exists() and started.stat().st_mtime >= self.launched
 
     def stacks(self) -> str:
-        """The Python stacks of every process of the driver's process group (the driver, its
-        Spark JVM's Python workers), by ``py-spy dump``: for a campaign to show where a pipeline
+        """The Python stacks of the driver and every process under it (its Spark JVM's Python
+        workers), by ``py-spy dump``: for a campaign to show where a pipeline
         that stopped making progress is waiting. Empty without py-spy or a running driver."""
         spy = shutil.which("py-spy") or shutil.which("py-spy", path=os.path.dirname(sys.executable))
         if spy is None or self.process is None or self.process.poll() is not None:
             return ""
         dumps = []
-        for pid in _process_group(self.process.pid):
+        for pid in _process_tree(self.process.pid):
             try:
                 command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             except OSError:
@@ -164,9 +164,10 @@ class DriverProcess:
         return self.process.returncode
 
 
-def _process_group(pgid: int) -> list[int]:
-    """The pids of the processes in process group ``pgid`` (Linux /proc)."""
-    found = []
+def _process_tree(root: int) -> list[int]:
+    """``root`` and every process descended from it (Linux /proc). By parentage, not process
+    group: pyspark's worker daemon puts itself and its workers in a group of their own."""
+    children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -174,7 +175,11 @@ def _process_group(pgid: int) -> list[int]:
             stat = (entry / "stat").read_text()
         except OSError:
             continue
-        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state ppid pgrp ...
-        if int(fields[2]) == pgid:
-            found.append(int(entry.name))
+        parent = int(stat[stat.rindex(")") + 2:].split()[1])  # after "pid (comm) ": state ppid ...
+        children.setdefault(parent, []).append(int(entry.name))
+    found, pending = [], [root]
+    while pending:
+        pid = pending.pop()
+        found.append(pid)
+        pending += children.get(pid, [])
     return sorted(found)
