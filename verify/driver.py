@@ -129,9 +129,10 @@ class DriverProcess:
 
     def stacks(self) -> str:
         """The Python stacks of the driver and every process under it (its Spark JVM's Python
-        workers), by ``py-spy dump``: for a campaign to show where a pipeline
+        workers), by ``py-spy dump``, and the JVM's query and task threads, by ``jstack``: for a campaign to show where a pipeline
         that stopped making progress is waiting. Empty without py-spy or a running driver."""
         spy = shutil.which("py-spy") or shutil.which("py-spy", path=os.path.dirname(sys.executable))
+        jstack = shutil.which("jstack") or shutil.which("jstack", path=os.path.join(os.environ.get("JAVA_HOME", ""), "bin"))
         if spy is None or self.process is None or self.process.poll() is not None:
             return ""
         dumps = []
@@ -140,10 +141,13 @@ class DriverProcess:
                 command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             except OSError:
                 continue
-            if "python" not in command:
-                continue
-            dumped = subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=60)
-            dumps.append(f"--- pid {pid}: {command[:160]}\n{dumped.stdout or dumped.stderr}")
+            state = _state(pid)
+            if "java" in command.split(" ", 1)[0] and jstack is not None:
+                dumped = subprocess.run([jstack, str(pid)], capture_output=True, text=True, timeout=60)
+                dumps.append(f"--- pid {pid} (JVM, {state}): {command[:100]}\n{_spark_threads(dumped.stdout or dumped.stderr)}")
+            elif "python" in command or not command:
+                dumped = subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=60)
+                dumps.append(f"--- pid {pid} ({state}): {command[:160]}\n{dumped.stdout or dumped.stderr}")
         return "\n".join(dumps)
 
     def kill(self) -> None:
@@ -183,3 +187,20 @@ def _process_tree(root: int) -> list[int]:
         found.append(pid)
         pending += children.get(pid, [])
     return sorted(found)
+
+
+def _state(pid: int) -> str:
+    """A process's state letter from /proc (Z: a zombie nobody reaped)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return "gone"
+    return stat[stat.rindex(")") + 2:].split()[0]
+
+
+def _spark_threads(dump: str) -> str:
+    """The threads of a jstack dump that run a streaming query or a task, or talk to Python."""
+    wanted = ("stream execution thread", "Executor task launch", "stdout writer", "python", "Python")
+    blocks = dump.split("\n\n")
+    kept = [b for b in blocks if b.startswith('"') and any(w in b.split("\n", 1)[0] or w in b for w in wanted)]
+    return "\n\n".join(kept) if kept else dump[:4000]
