@@ -127,6 +127,33 @@ class Campaign:
                                        upstream=self.upstream)
         self.produced += self.chunk
         ended, batch = self.inject(fault)
+        caught_up, ended, batch, timed_out = self._await_output(fault, ended, batch)
+        stalled = timed_out and caught_up is None and compare(self.wanted(), self.output()).name != "exactly-once"
+        if stalled:
+            # No progress until the deadline: a liveness failure, not yet a verdict. Where the
+            # pipeline waits goes into the report; then the driver is killed and restarted, and
+            # the output must still come out exactly once.
+            self.stalls.append(f"fault {fault}: no progress in {self.catch_up_s:.0f} s; stacks of the driver's "
+                               f"processes, then the driver killed and restarted:\n{self.driver.stacks()}")
+            self.driver.kill()
+            restarted = time.monotonic()
+            caught_up, _, _, _ = self._await_output(fault, restarted, batch)
+        if fault.kind == "crash" and ended is None:
+            disarm(self.crash_dir, fault.point or "")
+        verdict = compare(self.wanted(), self.output())
+        start = ended if ended is not None else time.monotonic()
+        recovery = max(0.0, round(caught_up - start, 1)) if caught_up is not None else float("nan")
+        return FaultResult(str(fault), ended is not None, batch, self.query_restarts() - restarts_before,
+                           self.driver.restarts - driver_before, recovery,
+                           verdict.name, verdict.summary(3) + self.postgres_faults.note(fault.kind)
+                           + self.cluster_faults.note(fault.kind), stalled)
+
+    def _await_output(self, fault: Fault, ended: float | None,
+                      batch: int | None) -> tuple[float | None, float | None, int | None, bool]:
+        """Wait (restarting the driver whenever it dies) until the output holds everything
+        produced and has settled, or nothing more can come, or ``catch_up_s`` passed. Returns
+        when it caught up (or None), when the fault ended and the batch it hit (a crash point's
+        are known only once it fired), and whether the wait ran out of time."""
         caught_up, last_change = None, time.monotonic()
         seen: tuple[int, int | None, int | None] | None = None
         reconnected = 0.0
@@ -160,19 +187,9 @@ class Campaign:
                 self.kafka_output.reconnect()
                 reconnected = time.monotonic()
             time.sleep(0.3)
-        if fault.kind == "crash" and ended is None:
-            disarm(self.crash_dir, fault.point or "")
-        verdict = compare(self.wanted(), self.output())
-        if caught_up is None and verdict.name != "exactly-once":
-            # No progress until the deadline: where the pipeline waits is the first thing to know.
-            self.stalls.append(f"fault {fault}: no catch-up in {self.catch_up_s:.0f} s; stacks of the driver's "
-                               f"processes:\n{self.driver.stacks()}")
-        start = ended if ended is not None else time.monotonic()
-        recovery = max(0.0, round(caught_up - start, 1)) if caught_up is not None else float("nan")
-        return FaultResult(str(fault), ended is not None, batch, self.query_restarts() - restarts_before,
-                           self.driver.restarts - driver_before, recovery,
-                           verdict.name, verdict.summary(3) + self.postgres_faults.note(fault.kind)
-                           + self.cluster_faults.note(fault.kind))
+        else:
+            return caught_up, ended, batch, True
+        return caught_up, ended, batch, False
 
     def batch_committed(self) -> int | None:
         return self.spark_log.latest_completed()

@@ -24,6 +24,7 @@ class FaultResult:
     recovery_s: float
     verdict: str
     detail: str
+    stalled: bool = False  # no progress until the deadline; the driver was killed and restarted
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,10 @@ def table(report: CampaignReport) -> str:
         batch = "" if r.batch is None else str(r.batch)
         lines.append(f"| {i:>2} | {r.fault:<46} | {'yes' if r.fired else 'no':<5} | {batch:>5} | "
                      f"{r.query_restarts:>14} | {r.driver_restarts:>15} | {r.recovery_s:>10.1f} | {r.verdict:<15} |")
+    stalled = [str(i) for i, r in enumerate(report.results) if r.stalled]
+    if stalled:
+        lines.append(f"stalled (no progress until the deadline; the driver was killed and restarted, its stacks are "
+                     f"in the report's log): fault {', '.join(stalled)}")
     lines.append(f"final: {report.final}; left behind: {', '.join(report.left_behind) or 'nothing'}; "
                  f"longest recovery {report.longest_recovery_s:.1f} s")
     return "\n".join(lines)

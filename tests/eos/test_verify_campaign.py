@@ -35,7 +35,8 @@ def record(report: CampaignReport, name: str, campaign_tables: list[str]) -> str
     REPORTS.mkdir(parents=True, exist_ok=True)
     write_json(str(REPORTS / f"{name}.json"), report)
     text = table(report)
-    campaign_tables.append(text)
+    # A stall is recovered from, not hidden: its stacks go to the end-of-run summary as well.
+    campaign_tables.append(text + (f"\n{report.log[:12000]}" if any(r.stalled for r in report.results) else ""))
     return f"{text}\nreproduce: ONCEKIT_VERIFY_SEED={report.seed} ONCEKIT_VERIFY_FAULTS={len(report.results)}\n{report.log}"
 
 
@@ -53,6 +54,10 @@ def test_randomized_campaign_every_fault_exactly_once(services: Services, pipeli
     text = record(report, pipeline, campaign_tables)
     assert report.passed, text
     assert [r.verdict for r in report.results] == ["exactly-once"] * FAULTS, text
+    # A pipeline that stops making progress (seen about every other CI run here, after a Kafka
+    # restart, waiting in the JVM with no Python worker running; cause not yet known) is killed
+    # and restarted by the campaign and must still be exactly-once; more than one is a failure.
+    assert sum(r.stalled for r in report.results) <= 1, text
     assert sum(r.fired for r in report.results) >= FAULTS * 0.8, text  # the faults really happened
 
 

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from oncekit.core.errors import ConfigError
@@ -49,6 +51,14 @@ def test_table_names_fault_batch_recovery_and_verdict() -> None:
     text = table(_report("exactly-once", "exactly-once"))
     assert "seed 7" in text and "crash mid_commit" in text and "exactly-once" in text and "2.5" in text
     assert "longest recovery 2.5 s" in text
+
+
+def test_table_names_stalled_faults() -> None:
+    report = _report("exactly-once", "exactly-once", "exactly-once")
+    report.results[1] = dataclasses.replace(report.results[1], stalled=True)
+    assert "stalled (no progress until the deadline; the driver was killed and restarted" in table(report)
+    assert "fault 1" in table(report).splitlines()[-2]
+    assert "stalled" not in table(_report("exactly-once", "exactly-once"))
 
 
 def test_fault_descriptions() -> None:
