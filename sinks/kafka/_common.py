@@ -141,12 +141,6 @@ class RecordStream:
             yield self._kept[index]
             index += 1
 
-    def checksum(self) -> tuple[int, str]:
-        """(rows, checksum) of all records, reading what has not arrived yet."""
-        parts = list(self)
-        rows = sum(map(len, parts))
-        return rows, checksum(rows, sum(part.crc_total for part in parts))
-
 
 def _as_binary(column: pa.Array, where: str, name: str, first_row: int) -> pa.Array:
     """A string or binary column as binary (no copy); any other type fails naming the first row
