@@ -78,8 +78,8 @@ def produce_at_rate(kafka: KafkaConfig, topic: str, rate: int, seconds: float, s
 def committed_reader(kafka: KafkaConfig, topic: str) -> Iterator[tuple[Any, Callable[[], bool]]]:
     """A read_committed consumer assigned to every partition of ``topic`` from its start, and a
     test that says whether it has reached the end offsets the topic had when it was opened."""
-    consumer = Consumer(kafka.settings(group_id=f"bench-read-{uuid.uuid4().hex}", enable_auto_commit=False,
-                                       isolation_level="read_committed"))
+    consumer = Consumer(kafka.consumer_settings(group_id=f"bench-read-{uuid.uuid4().hex}", enable_auto_commit=False,
+                                                isolation_level="read_committed"))
     try:
         partitions = sorted(consumer.list_topics(topic, timeout=30).topics[topic].partitions)
         marks = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30) for p in partitions}

@@ -109,6 +109,19 @@ def _close(client: Any) -> None:
 CLIENTS = ClientPool()
 """The process's pool; the source's readers and planner and the Kafka sinks take from it."""
 
+READ_AHEAD: Mapping[str, Any] = {
+    # librdkafka stops fetching a partition once queued.min.messages (100,000) wait in the local
+    # queue, and looks again only after fetch.queue.backoff.ms (1 s by default): a reader that
+    # drains the queue faster sits out the rest of that second. On 500,000 records of 100 bytes
+    # this setting took a one-partition read from 1.4 s to 0.43 s.
+    "fetch.queue.backoff.ms": 10,
+    # A fetch at the log's end waits on the broker this long at most; the broker answers one
+    # request per connection at a time, so the client's next request (a watermark query, a new
+    # assignment's first fetch) waits behind it (500 ms by default).
+    "fetch.wait.max.ms": 100,
+}
+"""Fetch settings for consumers that read records in bulk; see :meth:`KafkaConfig.consumer_settings`."""
+
 _PROBE_LOG = client_log(__name__ + ".probe")  # a broker still starting refuses connections: expected
 
 
@@ -138,6 +151,11 @@ class KafkaConfig:
         out: dict[str, Any] = {"bootstrap.servers": self.bootstrap_servers, **self.client}
         out.update({key.replace("_", "."): value for key, value in extra.items()})
         return out
+
+    def consumer_settings(self, **extra: Any) -> dict[str, Any]:
+        """Settings for a consumer that reads records in bulk (the source's readers, output
+        checks): :data:`READ_AHEAD` under :meth:`settings`, so a user's own fetch settings win."""
+        return {**READ_AHEAD, **self.settings(**extra)}
 
 
 @dataclass(frozen=True)

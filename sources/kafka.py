@@ -110,15 +110,10 @@ class KafkaSourceOptions:
 
     def consumer(self, **extra: Any) -> Consumer:
         """A new consumer with these client settings; assign() only, it never joins a group."""
-        settings: dict[str, Any] = {
-            "group.id": "oncekit-source",  # required by librdkafka; assign() never joins the group
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "enable.partition.eof": False,
-            **self.client,
-        }
-        settings.update(extra)
-        return Consumer(settings)
+        ours = self.kafka.consumer_settings(
+            group_id="oncekit-source",  # required by librdkafka; assign() never joins the group
+            enable_auto_commit=False, enable_auto_offset_store=False, enable_partition_eof=False)
+        return Consumer({**ours, **self.client, **extra})  # the user's client settings win over ours
 
     @property
     def kafka(self) -> KafkaConfig:

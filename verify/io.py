@@ -112,8 +112,8 @@ class KafkaOutput:
         self.consumer = self._consumer()
 
     def _consumer(self) -> Consumer:
-        consumer = Consumer(self.kafka.settings(group_id=f"check-{self.topic}", isolation_level="read_committed",
-                                                enable_auto_commit=False))
+        consumer = Consumer(self.kafka.consumer_settings(group_id=f"check-{self.topic}", isolation_level="read_committed",
+                                                         enable_auto_commit=False))
         # assign, not subscribe: no group membership to lose (and restart from "earliest") in a broker outage
         partitions = consumer.list_topics(self.topic, timeout=30).topics[self.topic].partitions
         consumer.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in sorted(partitions)])
