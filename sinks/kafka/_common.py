@@ -200,9 +200,26 @@ class KafkaSinkBase:
     # -- clients -------------------------------------------------------------------------------
 
     def _new_producer(self, **extra: Any) -> Producer:
-        # Delivery reports for failed records only: no Python callback per delivered record.
-        return Producer(self.config.kafka.settings(linger_ms=5, delivery_report_only_error=True,
-                                                   queue_buffering_max_messages=1_000_000, logger=_CLIENT_LOG, **extra))
+        """A producer connected to a broker. Delivery reports for failed records only: no Python
+        callback per delivered record.
+
+        A new producer's ProducerId request (``init_transactions``, an idempotent producer's
+        first send) needs a broker connection that is up. librdkafka drops the bootstrap
+        connection once metadata names the brokers, opens the next one only after its reconnect
+        back-off (100 ms by default), and if it finds none up retries the request after 500 ms:
+        60 ms or 510 ms per new producer, measured. Two metadata calls (the first answered on
+        the bootstrap connection, the second opening a broker's own) and a 10 ms back-off bring
+        that to about 20 ms. A task makes a new producer whenever Spark runs a partition on
+        another Python worker than last time, which on a live stream is most batches."""
+        producer = Producer(self.config.kafka.settings(
+            linger_ms=5, delivery_report_only_error=True, queue_buffering_max_messages=1_000_000,
+            reconnect_backoff_ms=10, logger=_CLIENT_LOG, **extra))
+        try:
+            for _ in range(2):
+                producer.list_topics(self.config.topic, timeout=10)
+        except KafkaException:
+            pass  # a broker out of reach is reported by the call that needs it, under that call's timeout
+        return producer
 
     def take_producer(self, transactional_id: KafkaTransactionalId | None, fresh: bool = False) -> Producer:
         """A producer of this process's pool (a new one when ``fresh``): idempotent (``None``) or
