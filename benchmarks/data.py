@@ -75,15 +75,17 @@ def produce_at_rate(kafka: KafkaConfig, topic: str, rate: int, seconds: float, s
 
 
 @contextmanager
-def committed_reader(kafka: KafkaConfig, topic: str) -> Iterator[tuple[Any, Callable[[], bool]]]:
-    """A read_committed consumer assigned to every partition of ``topic`` from its start, and a
-    test that says whether it has reached the end offsets the topic had when it was opened."""
+def committed_reader(kafka: KafkaConfig, topic: str,
+                     from_end: bool = False) -> Iterator[tuple[Any, Callable[[], bool]]]:
+    """A read_committed consumer assigned to every partition of ``topic`` from its start (from
+    its end with ``from_end``: only what is written after), and a test that says whether it has
+    reached the end offsets the topic had when it was opened."""
     consumer = Consumer(kafka.consumer_settings(group_id=f"bench-read-{uuid.uuid4().hex}", enable_auto_commit=False,
                                                 isolation_level="read_committed"))
     try:
         partitions = sorted(consumer.list_topics(topic, timeout=30).topics[topic].partitions)
         marks = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30) for p in partitions}
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+        consumer.assign([TopicPartition(topic, p, marks[p][1] if from_end else OFFSET_BEGINNING) for p in partitions])
 
         def at_end() -> bool:
             # Transaction markers take offsets too, so the end is the position, not the last record.
@@ -119,8 +121,8 @@ def read_topic(kafka: KafkaConfig, topic: str, expected: int, quiet_s: float = 1
 
 
 class LatencyReader(threading.Thread):
-    """Reads ``expected`` committed records as they become visible and keeps, per record, the
-    time from its produce to its visibility (ms)."""
+    """Reads ``expected`` committed records as they become visible (those written after it is
+    ready) and keeps, per record, the time from its produce to its visibility (ms)."""
 
     def __init__(self, kafka: KafkaConfig, topic: str, expected: int, deadline_s: float) -> None:
         super().__init__(name=f"latency-{topic}", daemon=True)
@@ -132,7 +134,7 @@ class LatencyReader(threading.Thread):
 
     def run(self) -> None:
         try:
-            with committed_reader(self.kafka, self.topic) as (consumer, _):
+            with committed_reader(self.kafka, self.topic, from_end=True) as (consumer, _):
                 self.ready.set()
                 deadline = time.monotonic() + self.deadline_s
                 while len(self.latencies_ms) < self.expected and time.monotonic() < deadline:

@@ -27,7 +27,8 @@ TRIGGER = "1 second"
 COLUMNS = ("records", "p50 ms", "p99 ms")
 PHASES = ("latestOffset", "queryPlanning", "walCommit", "addBatch", "commitOffsets", "triggerExecution")
 """Spark's own timing of a trigger (``durationMs`` of the query's progress), averaged per pair
-over the batches that read input: where a pair's batch time goes, beside its latency."""
+over the batches that read input, and its slowest triggers (what the p99 sees): where a pair's
+batch time goes, beside its latency."""
 
 # A pair starts its query from (bench, input topic, output topic, checkpoint); the query has stop().
 Start = Callable[[Bench, str, str, str], Any]
@@ -45,15 +46,24 @@ def start_spark(bench: Bench, source: str, output: str, checkpoint: str) -> Any:
             .trigger(processingTime=TRIGGER).start())
 
 
-def wait_first_trigger(query: Any, timeout_s: float = 120.0) -> None:
-    """Start-up is not latency: wait until the query has run its first (empty) trigger."""
-    deadline = time.monotonic() + timeout_s
-    while query.lastProgress is None:
+WARM_UP_S = 2.0
+
+
+def warm_up(bench: Bench, source: str, query: Any, timeout_s: float = 120.0) -> int:
+    """Start-up is not latency: run input at the measured rate for :data:`WARM_UP_S` and wait
+    until the query has read all of it, so that the measured records meet a query whose first
+    batches (Python workers and the kit's clients; Spark's JVM consumers and producer) are
+    behind it. Returns how many progress reports the warm-up took."""
+    options = bench.options
+    data.produce_at_rate(bench.kafka, source, options.rate, WARM_UP_S, options.record_bytes, options.partitions)
+    expected, deadline = int(options.rate * WARM_UP_S), time.monotonic() + timeout_s
+    while sum(int(p["numInputRows"]) for p in query.recentProgress) < expected:
         if not query.isActive:
             query.awaitTermination()  # raises the query's error
         if time.monotonic() > deadline:
-            raise TimeoutError(f"the query ran no trigger in {timeout_s:.0f} s")
+            raise TimeoutError(f"the query did not read its {expected:,} warm-up records in {timeout_s:.0f} s")
         time.sleep(0.2)
+    return len(query.recentProgress)
 
 
 def percentile(ordered: list[float], fraction: float) -> float:
@@ -66,7 +76,9 @@ def phases(progress: list[Any]) -> str:
     if not batches:
         return "no batch read input"
     means = {phase: sum(int(b.get(phase, 0)) for b in batches) / len(batches) for phase in PHASES}
-    return f"{len(batches)} batches, mean ms: " + ", ".join(f"{phase} {ms:,.0f}" for phase, ms in means.items())
+    slowest = sorted((int(b.get("triggerExecution", 0)) for b in batches), reverse=True)[:3]
+    return (f"{len(batches)} batches, mean ms: " + ", ".join(f"{phase} {ms:,.0f}" for phase, ms in means.items())
+            + "; slowest triggerExecution ms: " + ", ".join(f"{ms:,}" for ms in slowest))
 
 
 def measure(bench: Bench, name: str, start: Start, breakdown: list[str]) -> Row:
@@ -81,13 +93,13 @@ def measure(bench: Bench, name: str, start: Start, breakdown: list[str]) -> Row:
         with tempfile.TemporaryDirectory() as checkpoint:
             query = start(bench, source, output, checkpoint)
             try:
-                wait_first_trigger(query)
+                warmed = warm_up(bench, source, query)
                 reader.start()
                 reader.ready.wait(60)
                 data.produce_at_rate(bench.kafka, source, options.rate, options.latency_s, options.record_bytes,
                                      options.partitions)
                 reader.join(options.latency_s + 120)
-                breakdown.append(f"{name}: {phases(list(query.recentProgress))}.")
+                breakdown.append(f"{name}: {phases(list(query.recentProgress)[warmed:])}.")
             finally:
                 query.stop()
         check = reader.check()
