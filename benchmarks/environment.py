@@ -48,6 +48,7 @@ class Options:
     backend: str
     quix_python: str
     reference_rate: int = 5_000
+    rounds: int = 3
 
     @classmethod
     def parse(cls, argv: list[str] | None = None) -> Options:
@@ -65,6 +66,9 @@ class Options:
                             help="latency group: how long input is produced (default 30)")
         parser.add_argument("--reference-rate", type=int, default=5_000,
                             help="reference group: payment events a second in its latency run (default 5,000)")
+        parser.add_argument("--rounds", type=int, default=3,
+                            help="throughput groups: measured runs of every case, in turn; a case's figure is "
+                                 "its fastest (default 3)")
         parser.add_argument("--groups", default=",".join(GROUPS), help=f"comma-separated, of {', '.join(GROUPS)}")
         parser.add_argument("--backend", default="auto", help="services: auto, containers, local or external")
         parser.add_argument("--quix-python", default=None,
@@ -75,12 +79,13 @@ class Options:
         unknown = sorted(set(groups) - set(GROUPS))
         if unknown:
             parser.error(f"unknown group {', '.join(unknown)}; choose from {', '.join(GROUPS)}")
-        for name in ("records", "record_bytes", "partitions", "per_batch", "rate", "latency_seconds", "reference_rate"):
+        for name in ("records", "record_bytes", "partitions", "per_batch", "rate", "latency_seconds", "reference_rate",
+                     "rounds"):
             if getattr(args, name) <= 0:
                 parser.error(f"--{name.replace('_', '-')} must be positive")
         return cls(args.records, args.record_bytes, args.partitions, args.per_batch, max(0, args.warmup), args.rate,
                    args.latency_seconds, groups, args.backend, args.quix_python or default_quix_python(),
-                   args.reference_rate)
+                   args.reference_rate, args.rounds)
 
     def describe(self) -> str:
         return (f"{self.records:,} records of {self.record_bytes} bytes, {self.partitions} partitions, "
@@ -131,11 +136,6 @@ class Bench:
     @property
     def dsn(self) -> str:
         return self.services.postgres.dsn
-
-    @property
-    def inputs(self) -> list[data.Input]:
-        """The inputs every case runs on, warm-up first."""
-        return [i for i in (self.warmup, self.measured) if i is not None]
 
 
 @contextmanager
