@@ -128,7 +128,13 @@ class Campaign:
         self.produced += self.chunk
         ended, batch = self.inject(fault)
         caught_up, ended, batch, timed_out = self._await_output(fault, ended, batch)
-        stalled = timed_out and caught_up is None and compare(self.wanted(), self.output()).name != "exactly-once"
+        stuck = timed_out and caught_up is None
+        stalled = stuck and compare(self.wanted(), self.output()).name != "exactly-once"
+        if stuck and not stalled:
+            # The output is complete, yet Spark never committed every batch it planned (seen once,
+            # in a fan-out query after "kafka stopped 5 s"): where it waits goes into the report.
+            self.stalls.append(f"fault {fault}: output complete, but the query left a planned batch uncommitted for "
+                               f"{self.catch_up_s:.0f} s; stacks of the driver's processes:\n{self.driver.stacks()}")
         if stalled:
             # No progress until the deadline: a liveness failure, not yet a verdict. Where the
             # pipeline waits goes into the report; then the driver is killed and restarted, and

@@ -10,6 +10,7 @@ at the end of the run (see conftest's terminal summary) and written as JSON unde
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import subprocess
@@ -35,8 +36,10 @@ def record(report: CampaignReport, name: str, campaign_tables: list[str]) -> str
     REPORTS.mkdir(parents=True, exist_ok=True)
     write_json(str(REPORTS / f"{name}.json"), report)
     text = table(report)
-    # A stall is recovered from, not hidden: its stacks go to the end-of-run summary as well.
-    campaign_tables.append(text + (f"\n{report.log[:12000]}" if any(r.stalled for r in report.results) else ""))
+    # A stall is recovered from, not hidden: its stacks go to the end-of-run summary as well (also
+    # those of a query that never caught up though its output was complete: recovery nan).
+    waited = any(r.stalled or (math.isnan(r.recovery_s) and r.verdict == "exactly-once") for r in report.results)
+    campaign_tables.append(text + (f"\n{report.log[:12000]}" if waited else ""))
     return f"{text}\nreproduce: ONCEKIT_VERIFY_SEED={report.seed} ONCEKIT_VERIFY_FAULTS={len(report.results)}\n{report.log}"
 
 
