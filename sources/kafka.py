@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from oncekit.connectors.kafka import CLIENTS, KafkaConfig, check_access
+from oncekit.connectors.kafka import CLIENTS, READ_AHEAD, KafkaConfig, check_access
 from oncekit.connectors.redact import redact_config
 from oncekit.core.errors import ConfigError, DataLossError, OncekitError, SourceReadError
 
@@ -110,10 +110,15 @@ class KafkaSourceOptions:
 
     def consumer(self, **extra: Any) -> Consumer:
         """A new consumer with these client settings; assign() only, it never joins a group."""
-        ours = self.kafka.consumer_settings(
-            group_id="oncekit-source",  # required by librdkafka; assign() never joins the group
-            enable_auto_commit=False, enable_auto_offset_store=False, enable_partition_eof=False)
-        return Consumer({**ours, **self.client, **extra})  # the user's client settings win over ours
+        return Consumer({
+            **READ_AHEAD,
+            "group.id": "oncekit-source",  # required by librdkafka; assign() never joins the group
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "enable.partition.eof": False,
+            **self.client,  # the user's settings win over ours
+            **extra,
+        })
 
     @property
     def kafka(self) -> KafkaConfig:

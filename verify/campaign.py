@@ -130,17 +130,17 @@ class Campaign:
         caught_up, ended, batch, timed_out = self._await_output(fault, ended, batch)
         stuck = timed_out and caught_up is None
         stalled = stuck and compare(self.wanted(), self.output()).name != "exactly-once"
-        if stuck and not stalled:
-            # The output is complete, yet Spark never committed every batch it planned (seen once,
-            # in a fan-out query after "kafka stopped 5 s"): where it waits goes into the report.
-            self.stalls.append(f"fault {fault}: output complete, but the query left a planned batch uncommitted for "
-                               f"{self.catch_up_s:.0f} s; stacks of the driver's processes:\n{self.driver.stacks()}")
+        if stuck:
+            # No progress until the deadline: where the pipeline waits goes into the report. A
+            # stall (output missing) is a liveness failure, not yet a verdict: the driver is then
+            # killed and restarted, and the output must still come out exactly once. Output
+            # complete with a planned batch never committed was seen once (fan-out, "kafka
+            # stopped 5 s"); its stacks are kept, and the next fault's input shows whether it moves.
+            what = "no progress" if stalled else "output complete, but a planned batch left uncommitted"
+            self.stalls.append(f"fault {fault}: {what} in {self.catch_up_s:.0f} s; stacks of the driver's "
+                               f"processes{', then the driver killed and restarted' if stalled else ''}:\n"
+                               f"{self.driver.stacks()}")
         if stalled:
-            # No progress until the deadline: a liveness failure, not yet a verdict. Where the
-            # pipeline waits goes into the report; then the driver is killed and restarted, and
-            # the output must still come out exactly once.
-            self.stalls.append(f"fault {fault}: no progress in {self.catch_up_s:.0f} s; stacks of the driver's "
-                               f"processes, then the driver killed and restarted:\n{self.driver.stacks()}")
             self.driver.kill()
             restarted = time.monotonic()
             caught_up, _, _, _ = self._await_output(fault, restarted, batch)
