@@ -11,6 +11,7 @@ Use it as ``spark.readStream.format("oncekit-kafka")`` after :func:`register` (o
 from __future__ import annotations
 
 import bisect
+import itertools
 import json
 import logging
 import re
@@ -20,8 +21,8 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
+import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from oncekit.connectors.kafka import CLIENTS, READ_AHEAD, KafkaConfig, check_access
@@ -38,6 +39,7 @@ SCHEMA = (
     "key binary, value binary, topic string, partition int, offset bigint, timestamp timestamp, timestampType int"
 )
 HEADERS_FIELD = "headers array<struct<key: string, value: binary>>"
+_TIMESTAMP = pa.timestamp("us", tz="UTC")  # Spark's timestamp in Arrow
 
 # Offsets as Spark stores them: {topic: {partition (as str, JSON keys are strings): offset}}.
 Offsets = dict[str, dict[str, int]]
@@ -223,15 +225,19 @@ class KafkaPartitionReader:
         count = bisect.bisect_left(offsets, end)
         if count < len(messages):
             messages, offsets = messages[:count], offsets[:count]
-        stamp_types, stamps = zip(*map(Message.timestamp, messages)) if messages else ((), ())
+        # (type, milliseconds) per message, flattened in C: transposing the tuples in Python
+        # (zip) took half of this method's time
+        stamps = np.fromiter(itertools.chain.from_iterable(map(Message.timestamp, messages)), np.int64,
+                             2 * count).reshape(count, 2)
         columns = [
             pa.array(list(map(Message.key, messages)), pa.binary()),
             pa.array(list(map(Message.value, messages)), pa.binary()),
             pa.repeat(pa.scalar(topic, pa.string()), count),
             pa.repeat(pa.scalar(partition, pa.int32()), count),
             pa.array(offsets, pa.int64()),
-            pc.multiply(pa.array(stamps, pa.int64()), 1000).cast(pa.timestamp("us", tz="UTC")),
-            pa.array(stamp_types, pa.int32()),
+            pa.array(stamps[:, 1] * 1000, _TIMESTAMP),
+            # librdkafka counts types from 0 = none, Kafka's Java client (and Spark) from -1 = none
+            pa.array(stamps[:, 0] - 1, pa.int32()),
         ]
         names = ["key", "value", "topic", "partition", "offset", "timestamp", "timestampType"]
         if self.options.include_headers:

@@ -94,9 +94,12 @@ def test_kafka_source_pattern_and_starting_timestamp(spark: Any, kafka: KafkaCon
         .option("subscribePattern", topic.replace("-", "[-]"))
         .option("startingTimestamp", str(1_000_000 + 6 * 1000))
         .load()
+        .selectExpr("value", "unix_millis(timestamp) AS ms", "timestampType")
         .collect()
     )
-    assert sorted(r.value for r in rows) == [b"v6", b"v7", b"v8", b"v9"]
+    # each message's own timestamp and type (0: CreateTime), as Spark's source gives them
+    assert sorted((r.value, r.ms, r.timestampType) for r in rows) == [
+        (f"v{i}".encode(), 1_000_000 + i * 1000, 0) for i in range(6, 10)]
 
 
 def test_kafka_source_picks_up_new_partitions_and_mirrors_offsets_to_group(
