@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"# oncekit benchmarks: {options.describe()}; Spark {b.spark.sparkContext.master} on "
               f"{os.cpu_count()} cores; services: {b.services.backend}; pyspark {installed('pyspark')}, "
               f"confluent-kafka {installed('confluent-kafka')}; "
-              f"warm-up {options.warmup:,} records per case; throughput figures are the fastest of "
+              f"warm-up {options.warmup:,} records before each measured run; throughput figures are the fastest of "
               f"{options.rounds} round{'s' if options.rounds > 1 else ''}.\n"
               f"# A shared machine is noisy: compare the rows of one run, not runs.", flush=True)
         for name in options.groups:

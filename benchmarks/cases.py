@@ -4,8 +4,8 @@ query start to termination, and is read back before its figure counts.
 1. source: the kit's source and Spark's JVM source into Spark's noop sink; a raw consume loop.
 2. kafka: the kit's three Kafka sinks and Spark's Kafka sink, all fed by the kit's source; Quix
    Streams copying the same topic.
-3. postgres: the kit's four PostgreSQL protocols and a hand-written foreachBatch COPY, all fed by
-   the kit's source.
+3. postgres: the kit's four PostgreSQL protocols and a hand-written foreachBatch COPY, into a plain
+   table and into one keyed like the idempotent sink's, all fed by the kit's source.
 """
 
 from __future__ import annotations
@@ -87,25 +87,31 @@ def measure(group: Group, case: Case, source: data.Input, round_: int = 0) -> Ro
         return Row.failed(case.name, failure(exc))
     if not check.ok:
         return Row.failed(case.name, str(check))
+    print(f"    {seconds:.1f} s", file=sys.stderr, flush=True)  # every round's figure, to see the spread
     return Row(case.name, {"seconds": seconds, "records/s": source.records / seconds}, str(check))
 
 
 def run_group(bench: Bench, group: Group) -> Table:
-    """Every case on the warm-up input (rows dropped), then ``rounds`` rounds of every case on
-    the measured input, each case's figure its fastest round (a failed round fails the case).
-    The JVM keeps compiling its hot paths well past a 20,000-record warm-up: measured once, the
-    group's first case ran up to 25 % slower than in a second round, whichever case it was, and
-    on two shared cores one round's ratios moved by 0.1 between runs."""
+    """``rounds`` rounds of every case on the measured input, each case's figure its fastest
+    round (a failed round fails the case). Every measured run comes right after a run of the
+    same case on the warm-up input (rows dropped): the JVM keeps compiling its hot paths well
+    past a 20,000-record warm-up (measured once, a group's first case ran up to 25 % slower than
+    in a second round), and Spark ends Python workers idle for a minute, so a case that followed
+    the Quix Streams cases (another process, over a minute) started new workers, imports and
+    clients inside its timing (the kit's transactional sink: 11.7-14.4 s against 7.0-9.9 s)."""
     print(f"{group.title}", file=sys.stderr, flush=True)
     rounds = bench.options.rounds
-    notes = [*group.notes, f"Each figure is the fastest of {rounds} rounds; a round runs every case in turn."
-             if rounds > 1 else "One round."]
+    notes = [*group.notes, f"Each figure is the fastest of {rounds} rounds; a round runs every case in turn, each "
+             "right after a warm-up run of it." if rounds > 1 else "One round, each case right after a warm-up run of it."]
     table = Table(f"{group.title}: {bench.options.describe()}", THROUGHPUT, ("records/s",),
                   "records/s; above 1 the kit is faster", ratios=group.ratios, notes=notes)
-    if bench.warmup is not None:
-        for case in group.cases:
-            measure(group, case, bench.warmup)
-    runs = [[measure(group, case, bench.measured, round_) for case in group.cases] for round_ in range(1, rounds + 1)]
+
+    def warm_then_measure(case: Case, round_: int) -> Row:
+        if bench.warmup is not None:
+            measure(group, case, bench.warmup, round_)
+        return measure(group, case, bench.measured, round_)
+
+    runs = [[warm_then_measure(case, round_) for case in group.cases] for round_ in range(1, rounds + 1)]
     table.rows += [fastest(case_runs) for case_runs in zip(*runs)]
     return table
 
@@ -174,21 +180,29 @@ def kafka_group(bench: Bench) -> Table:
 
 
 def postgres_group(bench: Bench) -> Table:
+    def named(name: str, keyed: bool) -> str:
+        return name + (" (key id)" if keyed else "")
+
     def kit(protocol: str, keyed: bool = False) -> Case:
-        name = f"kit {protocol}" + (" (key id)" if keyed else "")
-        return Case(name, lambda source, output: kit_query(
+        return Case(named(f"kit {protocol}", keyed), lambda source, output: kit_query(
             columns(kit_stream(bench, source)),
             postgres_sink(bench.dsn, output, protocol, key_columns=("id",) if keyed else ())), keyed)
 
-    copy = "foreachBatch COPY (at-least-once)"
-    cases = [kit("two-phase-commit"), kit("write-ahead-log"), kit("idempotent", keyed=True), kit("at-least-once"),
-             Case(copy, lambda source, output: peers.run_available(
-                 peers.foreach_batch_copy(columns(kit_stream(bench, source)), bench.dsn, output)))]
+    def copy(keyed: bool) -> Case:
+        return Case(named("foreachBatch COPY (at-least-once)", keyed),
+                    lambda source, output: peers.run_available(
+                        peers.foreach_batch_copy(columns(kit_stream(bench, source)), bench.dsn, output)), keyed)
+
+    plain, keyed = copy(keyed=False), copy(keyed=True)
+    idempotent = kit("idempotent", keyed=True)
+    cases = [kit("two-phase-commit"), kit("write-ahead-log"), idempotent, kit("at-least-once"), plain, keyed]
     return run_group(bench, Group(
         "3. PostgreSQL sinks", cases,
         prepare=lambda case, output: data.fresh_table(bench.dsn, output, case.keyed),
         check=lambda source, output, _: data.read_table(bench.dsn, output, source.records),
-        ratios=[Ratio(c.name, copy) for c in cases[:4]],
+        ratios=[*(Ratio(c.name, plain.name) for c in cases[:4]), Ratio(idempotent.name, keyed.name)],
         notes=["All fed by the kit's source, value parsed into (id, account, amount, note). The foreachBatch peer "
-               "COPYs each task's Arrow batches as pyarrow CSV over one psycopg connection per task."],
+               "COPYs each task's Arrow batches as pyarrow CSV over one psycopg connection per task. The idempotent "
+               "sink needs a unique key, so its table has PRIMARY KEY (id); the keyed peer COPYs into a table with "
+               "the same key, so the last ratio is what the kit adds and the one before it includes the key's index."],
     ))

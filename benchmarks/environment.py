@@ -60,7 +60,7 @@ class Options:
         parser.add_argument("--per-batch", type=int, default=250_000,
                             help="maxOffsetsPerTrigger of both sources (default 250,000)")
         parser.add_argument("--warmup", type=int, default=20_000,
-                            help="records each case runs once before it is measured (0: no warm-up; default 20,000)")
+                            help="records each case runs right before each measured run (0: no warm-up; default 20,000)")
         parser.add_argument("--rate", type=int, default=2_000, help="latency group: records a second (default 2,000)")
         parser.add_argument("--latency-seconds", type=float, default=30.0,
                             help="latency group: how long input is produced (default 30)")
