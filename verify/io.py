@@ -9,7 +9,7 @@ import random
 import time
 from dataclasses import dataclass
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
 from psycopg import sql
 
 from oncekit.connectors import KafkaConfig, postgres
@@ -139,19 +139,39 @@ class KafkaOutput:
         return list(self.records.values())
 
     def open_transactions(self) -> list[int]:
+        return [partition for partition, (stable, high) in self.offsets().items() if stable < high]
+
+    def offsets(self) -> dict[int, tuple[int, int]]:
+        """Per partition: (last stable offset, high watermark)."""
         metadata = self.consumer.list_topics(self.topic, timeout=10).topics[self.topic]
         uncommitted = Consumer(self.kafka.settings(group_id="oncekit-watermarks", isolation_level="read_uncommitted"))
         try:
-            open_ = []
+            found = {}
             for partition in sorted(metadata.partitions):
                 tp = TopicPartition(self.topic, partition)
                 stable = self.consumer.get_watermark_offsets(tp, timeout=10, cached=False)[1]
-                high = uncommitted.get_watermark_offsets(tp, timeout=10, cached=False)[1]
-                if stable < high:
-                    open_.append(partition)
-            return open_
+                found[partition] = (stable, uncommitted.get_watermark_offsets(tp, timeout=10, cached=False)[1])
+            return found
         finally:
             uncommitted.close()
+
+    def await_stable(self, timeout_s: float) -> bool:
+        """Wait until every partition's last stable offset reaches its high watermark of now, or
+        ``timeout_s``; whether it did. A producer's commit returns once the transaction is decided,
+        and the broker writes its commit markers after that (after a broker restart, once the
+        coordinator has reloaded): until then read_committed readers do not see the records of
+        a transaction that is already committed."""
+        deadline = time.monotonic() + timeout_s
+        try:
+            targets = {partition: high for partition, (_, high) in self.offsets().items()}
+            while True:
+                if all(self.offsets()[partition][0] >= high for partition, high in targets.items()):
+                    return True
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(0.5)
+        except (KafkaException, KeyError):
+            return False
 
 
 def table_ids(dsn: str, table: str) -> list[int]:
