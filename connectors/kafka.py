@@ -54,7 +54,7 @@ def client_log(name: str, demote: Callable[[str], bool] = lambda message: True) 
     return log
 
 
-ClientT = TypeVar("ClientT", Producer, Consumer)
+ClientT = TypeVar("ClientT", bound=Producer | Consumer)
 
 
 class ClientPool:

@@ -10,7 +10,8 @@ offset = batch id + 1, metadata = batch, row count and checksum. Its group is a
 
 No Python code runs per record: Arrow converts the columns to lists of bytes, ``map`` hands them
 to librdkafka's ``produce`` and to ``zlib.crc32`` for the checksum, and delivery reports come
-back for failed records only. Records are produced part by part as Spark delivers them
+back for failed records only, to one callback set in the producer's configuration
+(:class:`SinkProducer`). Records are produced part by part as Spark delivers them
 (:class:`RecordStream`), so a task's input and its sending overlap.
 """
 
@@ -155,6 +156,21 @@ def _as_binary(column: pa.Array, where: str, name: str, first_row: int) -> pa.Ar
     raise RecordError(f"{where}: row {row}, column {name}: cannot serialize {column.type}; give string or binary")
 
 
+class SinkProducer(Producer):
+    """A producer whose failed deliveries (the only ones reported: ``delivery.report.only.error``)
+    are appended to :attr:`failures`; the caller clears it before a transaction or task and
+    reads it after the commit or flush. The callback is set once in the configuration: one
+    passed to every ``produce`` call makes librdkafka keep a state per record and doubled
+    produce's cost (0.28 s against 0.56-0.76 s per 250,000 records of 100 bytes)."""
+
+    def __init__(self, settings: dict[str, Any]) -> None:
+        self.failures: list[str] = []
+        super().__init__({**settings, "on_delivery": self._failed})
+
+    def _failed(self, error: Any, message: Any) -> None:  # librdkafka's delivery report
+        self.failures.append(str(error))
+
+
 class KafkaSinkBase:
     """Producers, topics, markers and preflight shared by the three protocols. Built by
     ``KafkaSinkConfig.build`` in the driver's worker, a task, or the listener."""
@@ -199,7 +215,7 @@ class KafkaSinkBase:
 
     # -- clients -------------------------------------------------------------------------------
 
-    def _new_producer(self, **extra: Any) -> Producer:
+    def _new_producer(self, **extra: Any) -> SinkProducer:
         """A producer connected to a broker. Delivery reports for failed records only: no Python
         callback per delivered record.
 
@@ -211,7 +227,7 @@ class KafkaSinkBase:
         the bootstrap connection, the second opening a broker's own) and a 10 ms back-off bring
         that to about 20 ms. A task makes a new producer whenever Spark runs a partition on
         another Python worker than last time, which on a live stream is most batches."""
-        producer = Producer(self.config.kafka.settings(
+        producer = SinkProducer(self.config.kafka.settings(
             linger_ms=5, delivery_report_only_error=True, queue_buffering_max_messages=1_000_000,
             reconnect_backoff_ms=10, logger=_CLIENT_LOG, **extra))
         try:
@@ -221,7 +237,7 @@ class KafkaSinkBase:
             pass  # a broker out of reach is reported by the call that needs it, under that call's timeout
         return producer
 
-    def take_producer(self, transactional_id: KafkaTransactionalId | None, fresh: bool = False) -> Producer:
+    def take_producer(self, transactional_id: KafkaTransactionalId | None, fresh: bool = False) -> SinkProducer:
         """A producer of this process's pool (a new one when ``fresh``): idempotent (``None``) or
         transactional. A new transactional producer runs ``init_transactions``, which fences
         every earlier producer with the same id and aborts the transaction it left open; one taken
@@ -232,7 +248,7 @@ class KafkaSinkBase:
         fresh one."""
         key = (*self._client_key, str(transactional_id))
 
-        def make() -> Producer:
+        def make() -> SinkProducer:
             if transactional_id is None:
                 return self._new_producer(enable_idempotence=True)
             producer = self._new_producer(transactional_id=str(transactional_id),
@@ -246,7 +262,7 @@ class KafkaSinkBase:
             fresh = True
         return make() if fresh else CLIENTS.take(key, make)
 
-    def give_producer(self, transactional_id: KafkaTransactionalId | None, producer: Producer) -> None:
+    def give_producer(self, transactional_id: KafkaTransactionalId | None, producer: SinkProducer) -> None:
         CLIENTS.give((*self._client_key, str(transactional_id)), producer)
 
     def _committed(self, group: MarkerGroup | OwnerGroup) -> TopicPartition:
@@ -280,19 +296,15 @@ class KafkaSinkBase:
 
     # -- writing -------------------------------------------------------------------------------
 
-    def produce(self, producer: Producer, records: Records, where: str, errors: list[str], first_row: int = 0) -> None:
+    def produce(self, producer: SinkProducer, records: Records, where: str, first_row: int = 0) -> None:
         """Queue every record of ``records`` (rows numbered from ``first_row``). The records go
         to librdkafka through ``map`` over Arrow-made lists, so no Python code runs per record;
         only a record the client refuses stops it: a full local queue waits for deliveries, a
         record over the broker's size goes to the dead-letter topic if there is one, else fails
-        the task with its row. Failed deliveries are appended to ``errors`` as they are reported."""
-
-        def failed(error: Any, message: Any) -> None:  # called for failed deliveries only
-            errors.append(str(error))
-
+        the task with its row. Failed deliveries land in ``producer.failures``."""
         topic, values, keys = self.config.topic, records.python_values, records.python_keys
         remaining_values, remaining_keys = iter(values), iter(keys)
-        send = functools.partial(producer.produce, on_delivery=failed)
+        send = producer.produce  # positional (topic, value, key): keyword arguments cost a dict per record
         while True:
             try:
                 collections.deque(map(send, itertools.repeat(topic), remaining_values, remaining_keys), maxlen=0)
@@ -315,7 +327,7 @@ class KafkaSinkBase:
                 producer.produce(self.config.dead_letter_topic, key=keys[row], value=(values[row] or b"")[:1024],
                                  headers={"oncekit.error": f"{where}: row {first_row + row}: too large"})
 
-    def publish(self, producer: Producer, records: Iterable[Records], group: MarkerGroup, batch_id: int,
+    def publish(self, producer: SinkProducer, records: Iterable[Records], group: MarkerGroup, batch_id: int,
                 where: str, go_ahead: Callable[[int, str], bool] = lambda rows, checksum: True) -> int:
         """Write ``records`` and the batch marker in one transaction, and commit it; return the
         rows written. Records are produced part by part as they arrive, so librdkafka sends while
@@ -330,12 +342,12 @@ class KafkaSinkBase:
         (adding a partition to the transaction is a round trip to the coordinator), having sent
         nothing that can become visible. A fatal error (fenced) is raised as it is, for
         :meth:`commit_with_fencing`."""
+        producer.failures.clear()
         producer.begin_transaction()
         try:
-            errors: list[str] = []
             rows = crc_total = 0
             for part in records:
-                self.produce(producer, part, where, errors, first_row=rows)
+                self.produce(producer, part, where, first_row=rows)
                 rows += len(part)
                 crc_total += part.crc_total
             total = checksum(rows, crc_total)
@@ -349,8 +361,8 @@ class KafkaSinkBase:
                 [TopicPartition(self.config.topic, 0, batch_id + 1, metadata)], group_metadata, 30)
             crash_point("kafka_commit", batch_id, group.partition_id)
             _commit_transaction(producer)
-            if errors:  # commit refuses a transaction with failed records; belt and braces
-                raise RecordError(f"{where}: records were not delivered: {errors[0]}")
+            if producer.failures:  # commit refuses a transaction with failed records; belt and braces
+                raise RecordError(f"{where}: records were not delivered: {producer.failures[0]}")
             return rows
         except KafkaException as exc:
             if not exc.args[0].fatal():
@@ -361,7 +373,7 @@ class KafkaSinkBase:
             raise
 
     def commit_with_fencing(self, transactional_id: KafkaTransactionalId, where: str,
-                            attempt: Callable[[Producer], int]) -> int:
+                            attempt: Callable[[SinkProducer], int]) -> int:
         """Run ``attempt`` (read the marker, publish) with this worker's transactional producer
         of the id, kept across tasks and batches (a new one costs ``init_transactions``, one or
         more round trips to the coordinator per task). Zombies stay fenced: of all producers of

@@ -18,12 +18,13 @@ class KafkaAtLeastOnceSink(KafkaSinkBase, AtLeastOnceSink):
     def append(self, task: TaskInfo, batches: Iterator[pa.RecordBatch]) -> int:
         where = f"{FORMAT} sink {self.sink_id} batch {task.batch_id} partition {task.partition_id}"
         producer = self.take_producer(None)
-        errors: list[str] = []
+        producer.failures.clear()
         rows = 0
         for part in RecordStream.of(batches, where):  # sent as it arrives
-            self.produce(producer, part, where, errors, first_row=rows)
+            self.produce(producer, part, where, first_row=rows)
             rows += len(part)
         remaining = producer.flush(60)
+        errors = producer.failures
         if errors or remaining:
             raise RecordError(f"{where}: {len(errors) + remaining} records were not delivered: {(errors or ['timeout'])[0]}")
         self.give_producer(None, producer)

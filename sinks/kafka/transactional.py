@@ -11,12 +11,11 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow as pa
-from confluent_kafka import Producer
 
 from oncekit.core.errors import NonDeterministicReplayError
 from oncekit.core.names import KafkaTransactionalId, MarkerGroup
 from oncekit.core.protocol import TaskCommitSink, TaskInfo
-from oncekit.sinks.kafka._common import FORMAT, KafkaSinkBase, RecordStream
+from oncekit.sinks.kafka._common import FORMAT, KafkaSinkBase, RecordStream, SinkProducer
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +29,7 @@ class KafkaTransactionalSink(KafkaSinkBase, TaskCommitSink):
         transactional_id = KafkaTransactionalId(self.sink_id, task.partition_id)
         group = MarkerGroup(self.sink_id, task.partition_id)
 
-        def attempt(producer: Producer) -> int:
+        def attempt(producer: SinkProducer) -> int:
             # The marker is read while the records stream into the transaction: the read needs
             # no input, and Spark delivers the input meanwhile. A read any time after this
             # producer's init_transactions decides right: an attempt that commits later must

@@ -9,13 +9,12 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from confluent_kafka import Producer
 
 from oncekit.core.errors import OncekitError
 from oncekit.core.names import KafkaTransactionalId, MarkerGroup
 from oncekit.core.protocol import CommitOutcome, Committable, WriteAheadSink
 from oncekit.core.staging import StagedFiles
-from oncekit.sinks.kafka._common import FORMAT, KafkaSinkBase, RecordStream
+from oncekit.sinks.kafka._common import FORMAT, KafkaSinkBase, RecordStream, SinkProducer
 
 if TYPE_CHECKING:
     from oncekit.sinks.kafka.config import KafkaSinkConfig
@@ -39,7 +38,7 @@ class KafkaWriteAheadSink(KafkaSinkBase, WriteAheadSink):
             for committable, batches in self.staged_batches(batch_id, committables)
         ))
 
-        def attempt(producer: Producer) -> int:
+        def attempt(producer: SinkProducer) -> int:
             if self.marker(group)[0] > batch_id:  # published by another notification meanwhile
                 return 0
             return self.publish(producer, records, group, batch_id, where)
