@@ -310,10 +310,12 @@ def check_broker(bootstrap_servers: str, client: Mapping[str, Any] | None = None
             f"kafka at {bootstrap_servers}: {exc.args[0]}") from exc
 
 
-def create_topic(config: KafkaConfig, topic: str, partitions: int = 1, replication_factor: int = -1) -> None:
+def create_topic(config: KafkaConfig, topic: str, partitions: int = 1, replication_factor: int = -1,
+                 timeout_s: float = 30.0) -> None:
     """Create ``topic``; an existing topic with the same name is left as it is. The replication
     factor defaults to the cluster's own (``default.replication.factor``): 1 on a single test
-    broker, 3 on a three-broker one, whatever the user's cluster is set to."""
+    broker, 3 on a three-broker one, whatever the user's cluster is set to. Returns once the
+    topic is in the metadata with a leader for every partition."""
     admin = AdminClient(config.settings())  # must outlive the future, or librdkafka cancels it
     future = admin.create_topics(
         [NewTopic(topic, num_partitions=partitions, replication_factor=replication_factor)], operation_timeout=30
@@ -323,7 +325,21 @@ def create_topic(config: KafkaConfig, topic: str, partitions: int = 1, replicati
     except KafkaException as exc:
         if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
             raise ServiceError(f"kafka: cannot create topic {topic!r}: {exc.args[0].str()}") from exc
+    # The controller answers once the topic is created; each broker learns of it from the
+    # metadata log a little later (a three-broker cluster in CI listed none of it right after).
+    deadline = time.monotonic() + timeout_s
+    while not _has_leaders(admin.list_topics(topic, timeout=timeout_s).topics.get(topic)):
+        if time.monotonic() > deadline:
+            raise ServiceError(f"kafka: topic {topic!r} created but without a leader for every partition "
+                               f"after {timeout_s:.0f} s")
+        time.sleep(0.05)
     logger.info("kafka: topic %s ready with %s partitions", topic, partitions)
+
+
+def _has_leaders(described: Any) -> bool:
+    """Whether a topic's metadata (None if absent) names a leader for each of its partitions."""
+    return (described is not None and described.error is None and bool(described.partitions)
+            and all(p.leader >= 0 for p in described.partitions.values()))
 
 
 def broker_settings(config: KafkaConfig) -> dict[str, str]:

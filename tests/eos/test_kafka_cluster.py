@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -74,7 +75,11 @@ def test_local_backend_three_brokers(unique_name: str) -> None:
         config = KafkaConfig(kafka.bootstrap_servers)
         topic = unique_name.replace("_", "-")
         create_topic(config, topic, partitions=2)
-        metadata = AdminClient(config.settings()).list_topics(timeout=30)
+        admin = AdminClient(config.settings())
+        deadline = time.monotonic() + 30
+        # create_topic saw the topic on one broker; another may apply the metadata log later
+        while topic not in (metadata := admin.list_topics(timeout=30)).topics and time.monotonic() < deadline:
+            time.sleep(0.1)
         assert sorted(metadata.brokers) == [1, 2, 3]
         assert {len(p.replicas) for p in metadata.topics[topic].partitions.values()} == {3}
     finally:
