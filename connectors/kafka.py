@@ -20,6 +20,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic  # type: ignore[attr-defined]
 
 from oncekit.connectors.redact import redact_config
+from oncekit.connectors.wait import wait_until
 from oncekit.core.errors import AccessError, ConfigError, ServiceError
 
 logger = logging.getLogger(__name__)
@@ -327,19 +328,18 @@ def create_topic(config: KafkaConfig, topic: str, partitions: int = 1, replicati
             raise ServiceError(f"kafka: cannot create topic {topic!r}: {exc.args[0].str()}") from exc
     # The controller answers once the topic is created; each broker learns of it from the
     # metadata log a little later (a three-broker cluster in CI listed none of it right after).
-    deadline = time.monotonic() + timeout_s
-    while not _has_leaders(admin.list_topics(topic, timeout=timeout_s).topics.get(topic)):
-        if time.monotonic() > deadline:
-            raise ServiceError(f"kafka: topic {topic!r} created but without a leader for every partition "
-                               f"after {timeout_s:.0f} s")
-        time.sleep(0.05)
+    wait_until(lambda: _require_leaders(admin, topic), timeout_s, f"kafka topic {topic!r}")
     logger.info("kafka: topic %s ready with %s partitions", topic, partitions)
 
 
-def _has_leaders(described: Any) -> bool:
-    """Whether a topic's metadata (None if absent) names a leader for each of its partitions."""
-    return (described is not None and described.error is None and bool(described.partitions)
-            and all(p.leader >= 0 for p in described.partitions.values()))
+def _require_leaders(admin: AdminClient, topic: str) -> None:
+    """Raise unless the metadata names ``topic`` and a leader for each of its partitions."""
+    described = admin.list_topics(topic, timeout=10).topics.get(topic)
+    if described is None or described.error is not None or not described.partitions:
+        raise ServiceError(f"not in the metadata yet ({described.error if described else 'absent'})")
+    leaderless = sorted(p for p, meta in described.partitions.items() if meta.leader < 0)
+    if leaderless:
+        raise ServiceError(f"partitions {leaderless} have no leader yet")
 
 
 def broker_settings(config: KafkaConfig) -> dict[str, str]:

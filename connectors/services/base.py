@@ -20,7 +20,8 @@ from typing import Any
 from oncekit.connectors.kafka import KafkaConfig, check_broker
 from oncekit.connectors.postgres import check_server
 from oncekit.connectors.redact import redact_dsn
-from oncekit.core.errors import AccessError, ServiceError
+from oncekit.connectors.wait import wait_until
+from oncekit.core.errors import ServiceError
 
 
 def free_port() -> int:
@@ -43,25 +44,6 @@ def free_ports(count: int) -> list[int]:
 def port_in_use(port: int) -> bool:
     with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
         return sock.connect_ex(("127.0.0.1", port)) == 0
-
-
-def wait_until(check: Callable[[], None], timeout_s: float, what: str) -> None:
-    """Call ``check`` until it returns without raising, or raise ServiceError after ``timeout_s``.
-
-    The last failure is named in the error, so a start-up that never gets ready says why. An
-    AccessError (credentials or certificate refused) is raised at once.
-    """
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            check()
-            return
-        except AccessError:
-            raise  # a wrong password or an untrusted certificate stays wrong
-        except Exception as exc:
-            if time.monotonic() >= deadline:
-                raise ServiceError(f"{what} not ready after {timeout_s:.0f} s: {exc}") from exc
-            time.sleep(0.5)
 
 
 class Service(ABC):

@@ -32,8 +32,8 @@ from oncekit.connectors.services.base import (
     free_port,
     free_ports,
     port_in_use,
-    wait_until,
 )
+from oncekit.connectors.wait import wait_until
 from oncekit.connectors.kafka import CLUSTER_ID, BrokerAddress, broker_properties
 from oncekit.connectors.postgres import MAX_PREPARED_TRANSACTIONS, check_server, connect
 from oncekit.core.errors import ServiceError

@@ -10,9 +10,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka.admin import AdminClient
@@ -20,6 +20,7 @@ from confluent_kafka.admin import AdminClient
 from oncekit.connectors import KafkaConfig, Services
 from oncekit.connectors.kafka import broker_settings, create_topic
 from oncekit.connectors.services import start_kafka
+from oncekit.connectors.wait import wait_until
 from oncekit.verify import Fault, run_campaign
 from tests.eos.test_verify_campaign import record
 
@@ -76,10 +77,16 @@ def test_local_backend_three_brokers(unique_name: str) -> None:
         topic = unique_name.replace("_", "-")
         create_topic(config, topic, partitions=2)
         admin = AdminClient(config.settings())
-        deadline = time.monotonic() + 30
-        # create_topic saw the topic on one broker; another may apply the metadata log later
-        while topic not in (metadata := admin.list_topics(timeout=30)).topics and time.monotonic() < deadline:
-            time.sleep(0.1)
+        listed: list[Any] = []
+
+        def lists_topic() -> None:
+            # create_topic saw the topic on one broker; another may apply the metadata log later
+            listed[:] = [admin.list_topics(timeout=30)]
+            if topic not in listed[0].topics:
+                raise LookupError(f"topic {topic} not listed yet")
+
+        wait_until(lists_topic, 30, f"topic {topic} in the metadata")
+        metadata = listed[0]
         assert sorted(metadata.brokers) == [1, 2, 3]
         assert {len(p.replicas) for p in metadata.topics[topic].partitions.values()} == {3}
     finally:
