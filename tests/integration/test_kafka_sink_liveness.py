@@ -1,0 +1,86 @@
+"""Liveness of the Kafka sinks' task and publish paths after a broker restart, without Spark: a
+producer that lived through the outage (pooled by an earlier task) writes the next batch. It
+must commit, or fail with an error that names the step, within a bound; never wait without end.
+Output is read with read_committed and compared as a multiset."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from oncekit.connectors import Services
+from oncekit.connectors.kafka import create_topic
+from oncekit.core.protocol import Committable, TaskInfo
+from oncekit.sinks.kafka import KafkaTransactionalSink, KafkaWriteAheadSink, kafka_sink
+from oncekit.verify.io import read_committed
+
+pytestmark = pytest.mark.services
+
+BOUND_S = 120.0  # a broker back within seconds; the kit's own deadlines are shorter than this
+
+
+def batch_of(batch_id: int, rows: int = 500) -> list[pa.RecordBatch]:
+    return [pa.record_batch([pa.array([f"{batch_id}-{i}" for i in range(rows)]).cast(pa.binary())], names=["value"])]
+
+
+def within_bound(call: Callable[[], Any]) -> Any:
+    """``call``'s result; fails the test if it has not returned within BOUND_S (the call's thread
+    is left behind: a native wait cannot be interrupted)."""
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["result"] = call()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test's thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(BOUND_S)
+    if thread.is_alive():
+        pytest.fail(f"stalled: no return and no error within {BOUND_S:.0f} s")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome.get("result")
+
+
+def test_transactional_task_after_broker_restart_commits_within_bound(services: Services, tmp_path: Path) -> None:
+    kafka = services.kafka.config
+    create_topic(kafka, "liveness-transactional", partitions=2)
+    config = kafka_sink(kafka.bootstrap_servers, "liveness-transactional", "transactional", partitions=2)
+    sink = config.build(str(tmp_path))
+    assert isinstance(sink, KafkaTransactionalSink)
+    sink.preflight()
+    sink.write_partition(TaskInfo(config.sink_id, 0, 0, 1), iter(batch_of(0)))  # pools the producer
+    services.kafka.outage("stop", 3.0)
+    within_bound(lambda: sink.write_partition(TaskInfo(config.sink_id, 1, 0, 2), iter(batch_of(1))))
+    within_bound(lambda: sink.write_partition(TaskInfo(config.sink_id, 1, 0, 3), iter(batch_of(1))))  # a replay
+    want = Counter(v.as_py() for b in (*batch_of(0), *batch_of(1)) for v in b.column(0))
+    assert Counter(read_committed(kafka, config.topic, sum(want.values()))) == want
+
+
+def staged(sink: KafkaWriteAheadSink, batch_id: int) -> list[Committable]:
+    batches: Iterator[pa.RecordBatch] = iter(batch_of(batch_id))
+    return sink.write_partition(TaskInfo(sink.sink_id, batch_id, 0, batch_id + 1), batches)
+
+
+def test_write_ahead_publish_after_broker_restart_commits_within_bound(services: Services, tmp_path: Path) -> None:
+    kafka = services.kafka.config
+    create_topic(kafka, "liveness-write-ahead", partitions=2)
+    config = kafka_sink(kafka.bootstrap_servers, "liveness-write-ahead", "write-ahead-log", partitions=2)
+    sink = config.build(str(tmp_path))
+    assert isinstance(sink, KafkaWriteAheadSink)
+    sink.preflight()
+    sink.commit_batch(0, staged(sink, 0))  # pools the publisher
+    services.kafka.outage("stop", 3.0)
+    committables = staged(sink, 1)
+    within_bound(lambda: sink.commit_batch(1, committables))
+    within_bound(lambda: sink.commit_batch(1, committables))  # a repeated notification
+    want = Counter(v.as_py() for b in (*batch_of(0), *batch_of(1)) for v in b.column(0))
+    assert Counter(read_committed(kafka, config.topic, sum(want.values()))) == want
