@@ -63,7 +63,7 @@ class CheckpointEngine:
     def preflight(self) -> None:
         """Driver, once per query start (the stream writer): the sink's checks, then its claim on
         the sink id for this checkpoint's query (:meth:`~oncekit.core.protocol.Sink.claim`)."""
-        self.sink.preflight()
+        self.sink.preflight(resumed=self.journal.run() is not None)
         query_id = self.spark_log.query_id()
         if query_id is not None:  # Spark writes it before it creates the writer; a test harness may not
             self.sink.claim(SinkOwner(query_id, self.location), _alive)

@@ -58,6 +58,20 @@ class SourceReadError(OncekitError):
     """A task could not read its offset range."""
 
 
+class StallError(OncekitError):
+    """A wait passed its deadline: a client call that did not return, or a batch that Spark
+    planned and did not commit in time. The message names sink, batch, partition and the step
+    (or the query and batch), so that the task or query fails and its restart takes over."""
+
+
+class UnsettledMarkerError(StallError):
+    """A Kafka sink's marker partition still holds an undecided transaction of the writer's own
+    transactional id (its last commit not yet marked by the broker, or a newer producer's open
+    transaction), so the latest marker cannot be read yet. A pooled producer starts over with a
+    new one, whose ``init_transactions`` settles the id; a new producer that still meets this
+    fails the task."""
+
+
 class RestartsExhaustedError(OncekitError):
     """The restart strategy gave up; ``__cause__`` is the last failure."""
 

@@ -121,9 +121,9 @@ class FanOutSink(Sink):
         self.config, self.sink_id, self.targets = config, config.sink_id, dict(targets)
         self._by_sink_id = {sink.sink_id: sink for sink in self.targets.values()}
 
-    def preflight(self) -> None:
+    def preflight(self, resumed: bool = False) -> None:
         for sink in self.targets.values():
-            sink.preflight()
+            sink.preflight(resumed)
 
     def write_partition(self, task: TaskInfo, batches: Iterator[pa.RecordBatch]) -> list[Committable]:
         """Task: split the partition by route (in Arrow) and write each part by its target's

@@ -8,9 +8,8 @@ builds it from these classes; nobody else writes ``"oncekit:"`` or ``"oncekit-"`
   ``oncekit:<sink>:<batch>:<partition>:<attempt>``.
 - :class:`KafkaTransactionalId`: a Kafka producer's ``transactional.id``, stable per sink and
   writer (a partition, or the write-ahead log's publisher) so that a new producer fences a zombie.
-- :class:`MarkerGroup`: the consumer group whose committed offset records a Kafka sink's last
-  published batch (offset = batch id + 1).
-- :class:`OwnerGroup`: the consumer group recording which query writes through a Kafka sink id.
+- :class:`MarkerTopic`: the compacted topic that holds a Kafka sink's batch markers and the record
+  of which query writes through it.
 - :class:`StagedFile`: a write-ahead-log file, relative to the sink's staging folder.
 """
 
@@ -63,27 +62,24 @@ class KafkaTransactionalId:
 
 
 @dataclass(frozen=True)
-class MarkerGroup:
-    """``oncekit-<sink>-<partition>`` (transactional: one marker per writing partition) or
-    ``oncekit-<sink>`` (write-ahead log: one marker per sink)."""
-
-    sink_id: str
-    partition_id: int | None = None
-
-    def __str__(self) -> str:
-        return f"oncekit-{self.sink_id}" + ("" if self.partition_id is None else f"-{self.partition_id}")
-
-
-@dataclass(frozen=True)
-class OwnerGroup:
-    """``oncekit-<sink>:owner``: the consumer group whose committed offset's metadata records the
-    query that writes through a Kafka sink id. ``:`` is not allowed in sink ids, so no marker
-    group can take this name."""
+class MarkerTopic:
+    """``oncekit-markers-<sink>``: a Kafka sink's batch markers and owner record, in a compacted
+    topic so that nothing expires while a pipeline is down. Partition 0 holds the owner record;
+    partition ``writer + 1`` holds the markers of one writer: the transactional sink's Spark
+    partition ``writer``, or the write-ahead log's publisher (writer 0). One transactional id
+    writes each marker partition, so no other producer's open transaction hides its markers."""
 
     sink_id: str
 
+    OWNER_PARTITION = 0
+
     def __str__(self) -> str:
-        return f"oncekit-{self.sink_id}:owner"
+        return f"oncekit-markers-{self.sink_id}"
+
+    @staticmethod
+    def partition_of(writer: int) -> int:
+        """The partition of ``writer``'s markers."""
+        return writer + 1
 
 
 @dataclass(frozen=True)

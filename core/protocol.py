@@ -137,9 +137,11 @@ class Sink(ABC):
     guarantee: ClassVar[DeliveryGuarantee] = DeliveryGuarantee.EXACTLY_ONCE
     sink_id: str
 
-    def preflight(self) -> None:
+    def preflight(self, resumed: bool = False) -> None:
         """Driver, once per query start: check the target (tables, server settings) and raise a
-        ConfigError that says what to fix. The default checks nothing."""
+        ConfigError that says what to fix. ``resumed``: this checkpoint has run the sink before,
+        so what the sink keeps beside the target (markers) must be there. The default checks
+        nothing."""
 
     @abstractmethod
     def write_partition(self, task: TaskInfo, batches: Iterator[pa.RecordBatch]) -> list[Committable]:
@@ -354,7 +356,7 @@ class SinkConfig(ABC):
 
     def _check_common(self, protocols: tuple[str, ...], target: str, default_id: str) -> None:
         """Called from a subclass's ``__post_init__``: the protocol is known, the target is given,
-        and the sink id (which names transactions, journal folders and marker groups) is safe;
+        and the sink id (which names transactions, journal folders and marker topics) is safe;
         without one it is derived from the target."""
         if self.protocol not in protocols:
             raise ConfigError(f"{self.format_name}: unknown protocol {self.protocol!r}; choose one of {', '.join(protocols)}")

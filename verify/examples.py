@@ -51,7 +51,7 @@ EXAMPLES = {
     "fan-out-postgres-kafka": Example("fan-out", "two-phase-commit+transactional", "exactly-once"),
     # the same with the topic's batches published after the checkpoint (staged files): the soak's
     # default, since it has every kind of state the kit keeps (journal, staged files, prepared
-    # transactions, marker rows, marker groups)
+    # transactions, marker rows, marker topics)
     "fan-out-postgres-kafka-wal": Example("fan-out", "two-phase-commit+write-ahead-log", "exactly-once"),
 }
 

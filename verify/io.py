@@ -15,6 +15,7 @@ from psycopg import sql
 from oncekit.connectors import KafkaConfig, postgres
 from oncekit.connectors.kafka import client_log, create_topic
 from oncekit.connectors.postgres import connect
+from oncekit.core.names import MarkerTopic
 from oncekit.sinks.postgres._common import CHECKPOINT_TABLE, MARKER_TABLE
 from oncekit.verify.examples import COUNT, EXAMPLES, sink_kind
 
@@ -206,10 +207,12 @@ def kit_rows(dsn: str, target: str) -> int:
     return total
 
 
-def marker_groups(kafka: KafkaConfig, target: str) -> int:
-    """Consumer groups of the kit's Kafka sinks whose id names ``target`` (their batch markers)."""
+def marker_partitions(kafka: KafkaConfig, target: str) -> int:
+    """Partitions of the marker topics of the kit's Kafka sinks whose id names ``target``: one
+    for the owner record and one per writer (:class:`~oncekit.core.names.MarkerTopic`)."""
     from confluent_kafka.admin import AdminClient
 
     admin = AdminClient(kafka.settings(logger=client_log(__name__ + ".librdkafka")))
-    listed = admin.list_consumer_groups(request_timeout=30).result()
-    return sum(1 for group in listed.valid if group.group_id.startswith("oncekit-") and target in group.group_id)
+    topics = admin.list_topics(timeout=30).topics
+    prefix = str(MarkerTopic(""))
+    return sum(len(t.partitions) for name, t in topics.items() if name.startswith(prefix) and target in name)

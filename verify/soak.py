@@ -6,7 +6,7 @@ process, its restarts, the output readers, fault injection) and the campaign's f
 (:func:`~oncekit.verify.faults.schedule`). Each sample is a row: records in and out, duplicates,
 losses, the driver's, the JVM's and the Python workers' resident memory, the checkpoint folder's
 size, journal entries, staged files, the kit's rows beside the target (marker rows, recorded
-checkpoints), marker groups, prepared transactions. After the run the input stops, the output
+checkpoints), marker partitions, prepared transactions. After the run the input stops, the output
 must catch up, and the last row is taken; :func:`unbounded` names what grew past its bound.
 
 The input stops while a fault is being injected (at most a few seconds) and catches up right
@@ -36,7 +36,7 @@ from oncekit.verify.campaign import Campaign
 from oncekit.verify.checker import compare
 from oncekit.verify.examples import EXAMPLES
 from oncekit.verify.faults import Fault, schedule
-from oncekit.verify.io import KafkaOutput, kit_rows, marker_groups, prepared_transactions, produce_input
+from oncekit.verify.io import KafkaOutput, kit_rows, marker_partitions, prepared_transactions, produce_input
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ class SoakSample:
     journal_entries: int     # <batch>.json files of the kit's journals
     staged: int              # files and folders under the kit's staging folders
     kit_rows: int            # marker rows and recorded checkpoints in PostgreSQL
-    marker_groups: int       # Kafka consumer groups holding batch markers
+    marker_partitions: int   # partitions of the Kafka sinks' marker topics
     prepared: int            # prepared transactions of the pipeline's sinks
 
 
@@ -101,7 +101,7 @@ class SoakReport:
 
 
 HEADER = ("| min | faults | in | out | dup | lost | in flight | batch | driver MB | JVM MB | workers MB | "
-          "checkpoint KB | files | journal | staged | kit rows | marker groups | prepared |")
+          "checkpoint KB | files | journal | staged | kit rows | marker partitions | prepared |")
 
 
 def row(sample: SoakSample) -> str:
@@ -109,7 +109,7 @@ def row(sample: SoakSample) -> str:
     return (f"| {s.elapsed_s / 60:5.1f} | {s.faults:>3} | {s.records_in:>7,} | {s.records_out:>7,} | {s.duplicates} | "
             f"{s.losses} | {s.in_flight:>5} | {'' if s.batches is None else s.batches:>5} | {s.driver_rss_mb:6.0f} | "
             f"{s.jvm_rss_mb:6.0f} | {s.workers_rss_mb:6.0f} | {s.checkpoint_kb:8.0f} | {s.checkpoint_files:>5} | "
-            f"{s.journal_entries:>3} | {s.staged:>3} | {s.kit_rows:>4} | {s.marker_groups:>3} | {s.prepared:>3} |")
+            f"{s.journal_entries:>3} | {s.staged:>3} | {s.kit_rows:>4} | {s.marker_partitions:>3} | {s.prepared:>3} |")
 
 
 def table(report: SoakReport) -> str:
@@ -127,7 +127,7 @@ def table(report: SoakReport) -> str:
 def unbounded(samples: list[SoakSample], retain: int, partitions: int = 2) -> list[str]:
     """What grew past its bound. The journal keeps what Spark keeps (``retain`` completed
     batches) plus the batches in flight; staged files and prepared transactions belong to batches
-    in flight only; the kit's rows to the batches the journal keeps; one marker group per sink and
+    in flight only; the kit's rows to the batches the journal keeps; one marker partition per sink and
     writing partition; the checkpoint folder stops growing once Spark purges its logs. Memory is
     reported, not judged here (a JVM grows its heap lazily up to its maximum)."""
     problems = []
@@ -137,7 +137,7 @@ def unbounded(samples: list[SoakSample], retain: int, partitions: int = 2) -> li
         "staged": in_flight * (2 * partitions + 1),
         "prepared": in_flight * partitions * 2,
         "kit_rows": (retain + in_flight + 2) * partitions * 2,
-        "marker_groups": partitions + 1,
+        "marker_partitions": partitions + 1,
     }
     for name, limit in limits.items():
         worst = max(samples, key=lambda s: float(getattr(s, name)))
@@ -251,7 +251,7 @@ class Soak:
             journal_entries=len(list(kit.glob("*/journal/*.json"))),
             staged=len(list(kit.glob("*/staged/**/*"))),
             kit_rows=kit_rows(campaign.services.postgres.dsn, output) if campaign.kind != "kafka" else 0,
-            marker_groups=marker_groups(campaign.kafka, output) if campaign.kind != "postgres" else 0,
+            marker_partitions=marker_partitions(campaign.kafka, output) if campaign.kind != "postgres" else 0,
             prepared=len(prepared_transactions(campaign.services.postgres.dsn, output)),
         )
 

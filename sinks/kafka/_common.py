@@ -1,12 +1,11 @@
 """What the Kafka sinks' protocols share: the records of a partition or batch as Arrow arrays with
-their checksum, producers and marker consumers from the process's pool
-(:data:`~oncekit.connectors.kafka.CLIENTS`), the batch marker, publishing in one transaction,
-and the preflight.
+their checksum, producers from the process's pool (:data:`~oncekit.connectors.kafka.CLIENTS`),
+publishing in one transaction with the batch marker (:mod:`oncekit.sinks.kafka._markers`), and
+the preflight.
 
-The batch marker is a consumer group's committed offset on partition 0 of the output topic,
-written with ``send_offsets_to_transaction`` inside the transaction that publishes the batch:
-offset = batch id + 1, metadata = batch, row count and checksum. Its group is a
-:class:`~oncekit.core.names.MarkerGroup`.
+Every transactional call runs under a deadline of the kit's (:func:`~oncekit.core.deadline.bounded`):
+a call that does not return in time fails the task or the publish with a StallError naming
+sink, batch, partition and step, and its producer is never used again.
 
 No Python code runs per record: Arrow converts the columns to lists of bytes, ``map`` hands them
 to librdkafka's ``produce`` and to ``zlib.crc32`` for the checksum, and delivery reports come
@@ -20,7 +19,6 @@ from __future__ import annotations
 import collections
 import functools
 import itertools
-import json
 import logging
 import operator
 import os
@@ -28,20 +26,21 @@ import tempfile
 import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Producer
 
 from oncekit.connectors.kafka import CLIENTS, broker_settings, check_access, client_log, create_topic
 from oncekit.core.crash import crash_point
-from oncekit.core.errors import ConfigError, OncekitError, RecordError
-from oncekit.core.names import KafkaTransactionalId, MarkerGroup, OwnerGroup
+from oncekit.core.deadline import bounded
+from oncekit.core.errors import ConfigError, OncekitError, RecordError, StallError, UnsettledMarkerError
+from oncekit.core.names import KafkaTransactionalId
 from oncekit.core.protocol import SinkOwner
+from oncekit.sinks.kafka._markers import BatchMarker, MarkerLog
 
 if TYPE_CHECKING:
     from oncekit.sinks.kafka.config import KafkaSinkConfig
@@ -51,12 +50,18 @@ logger = logging.getLogger(__name__)
 FORMAT = "oncekit-kafka-sink"
 DEFAULT_TRANSACTION_TIMEOUT_MS = 60_000  # the broker's transaction.max.timeout.ms must allow it
 
+INIT_S = 30.0
+"""``init_transactions``' timeout; the kit's deadline for it is 5 s longer."""
+COMMIT_S = 90.0
+"""How long a commit may take, retries of retriable errors included; then the task fails."""
+ABORT_S = 30.0
+"""``abort_transaction``'s timeout; the kit's deadline for it is 5 s longer."""
+GRACE_S = 5.0
+"""What the kit's deadline adds to a call's own timeout, which librdkafka should honour first."""
+
 # librdkafka logs a producer fenced by a newer instance as fatal. For a pooled producer that is
 # expected (another worker's producer of the same transactional id took over, and the task starts
 # over with a fresh one), so those lines go to DEBUG; everything else stays.
-_COORDINATOR_MOVED = (KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_NOT_AVAILABLE,
-                      KafkaError.COORDINATOR_LOAD_IN_PROGRESS)
-
 _CLIENT_LOG = client_log(__name__ + ".librdkafka", demote=lambda message: "fenced" in message.lower())
 
 
@@ -165,6 +170,8 @@ class SinkProducer(Producer):
 
     def __init__(self, settings: dict[str, Any]) -> None:
         self.failures: list[str] = []
+        self.fresh = True
+        """Not yet given back to the pool: a transactional one initialised for the current task."""
         super().__init__({**settings, "on_delivery": self._failed})
 
     def _failed(self, error: Any, message: Any) -> None:  # librdkafka's delivery report
@@ -178,13 +185,14 @@ class KafkaSinkBase:
     def __init__(self, config: KafkaSinkConfig) -> None:
         self.config, self.sink_id = config, config.sink_id
         self._client_key = tuple(sorted((str(k), str(v)) for k, v in config.kafka.settings().items()))
+        self.markers = MarkerLog(config.kafka, config.sink_id, self._client_key)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.config!r})"
 
-    def preflight(self) -> None:
-        """Driver, at query start: the topic exists (or is created), and the transaction timeout
-        fits under the broker's maximum."""
+    def preflight(self, resumed: bool = False) -> None:
+        """Driver, at query start: the topic exists (or is created), the marker topic too
+        (:meth:`MarkerLog.prepare`), and the transaction timeout fits under the broker's maximum."""
         kafka = self.config.kafka
         check_access(kafka)  # a refused password or certificate fails here, at once and by name
         create_topic(kafka, self.config.topic, partitions=self.config.partitions)
@@ -192,6 +200,7 @@ class KafkaSinkBase:
             create_topic(kafka, self.config.dead_letter_topic, partitions=1)
         if self.config.protocol == "at-least-once":
             return
+        self.markers.prepare(resumed)
         maximum = int(broker_settings(kafka)["transaction.max.timeout.ms"])
         if self.config.transaction_timeout_ms > maximum:
             raise ConfigError(
@@ -200,18 +209,13 @@ class KafkaSinkBase:
             )
 
     def recorded_owner(self) -> SinkOwner | None:
-        """From the metadata of :class:`~oncekit.core.names.OwnerGroup`'s committed offset on
-        partition 0 of the topic."""
-        committed = self._committed(OwnerGroup(self.sink_id))
-        if not committed.metadata:
-            return None
-        recorded = json.loads(committed.metadata)
-        return SinkOwner(recorded["query_id"], recorded["checkpoint"])
+        """From the owner record of the sink's marker topic (none for at-least-once, which
+        keeps no markers to share)."""
+        return None if self.config.protocol == "at-least-once" else self.markers.owner()
 
     def record_owner(self, owner: SinkOwner) -> None:
-        metadata = json.dumps({"query_id": owner.query_id, "checkpoint": owner.checkpoint})
-        with self._marker_consumer(OwnerGroup(self.sink_id)) as consumer:
-            consumer.commit(offsets=[TopicPartition(self.config.topic, 0, 0, metadata)], asynchronous=False)
+        if self.config.protocol != "at-least-once":
+            self.markers.record_owner(owner)
 
     # -- clients -------------------------------------------------------------------------------
 
@@ -253,7 +257,8 @@ class KafkaSinkBase:
                 return self._new_producer(enable_idempotence=True)
             producer = self._new_producer(transactional_id=str(transactional_id),
                                           transaction_timeout_ms=self.config.transaction_timeout_ms)
-            producer.init_transactions(30)
+            bounded(f"{FORMAT} sink {self.sink_id} txn {transactional_id}: init_transactions", INIT_S + GRACE_S,
+                    producer.init_transactions, INIT_S)
             LATEST_INIT.record(transactional_id)
             return producer
 
@@ -263,36 +268,8 @@ class KafkaSinkBase:
         return make() if fresh else CLIENTS.take(key, make)
 
     def give_producer(self, transactional_id: KafkaTransactionalId | None, producer: SinkProducer) -> None:
+        producer.fresh = False
         CLIENTS.give((*self._client_key, str(transactional_id)), producer)
-
-    def _committed(self, group: MarkerGroup | OwnerGroup) -> TopicPartition:
-        """``group``'s committed offset on partition 0 of the topic, asked again a few times while
-        the broker answers with a retriable error (the group's coordinator moving or loading)."""
-        attempt = 0
-        while True:
-            try:
-                with self._marker_consumer(group) as consumer:
-                    (committed,) = consumer.committed([TopicPartition(self.config.topic, 0)], timeout=30)
-                return committed
-            except KafkaException as exc:
-                attempt += 1
-                # librdkafka does not mark a stale coordinator retriable here, though asking again is the cure
-                again = exc.args[0].retriable() or exc.args[0].code() in _COORDINATOR_MOVED
-                if not again or attempt == 10:  # about 20 s in all
-                    raise
-                time.sleep(0.5 * attempt)
-
-    def _marker_consumer(self, group: MarkerGroup | OwnerGroup) -> AbstractContextManager[Consumer]:
-        # read_committed makes the committed-offset fetch stable: it waits for pending
-        # transactional commits. Assigned nothing, it never joins the group.
-        return CLIENTS.borrowed((*self._client_key, "marker", str(group)), lambda: Consumer(self.config.kafka.settings(
-            group_id=str(group), enable_auto_commit=False, isolation_level="read_committed")))
-
-    def marker(self, group: MarkerGroup) -> tuple[int, dict[str, Any]]:
-        """The committed batch marker of ``group``: (offset, metadata); a negative offset when none."""
-        committed = self._committed(group)
-        metadata = json.loads(committed.metadata) if committed.metadata else {}
-        return committed.offset, metadata
 
     # -- writing -------------------------------------------------------------------------------
 
@@ -327,21 +304,21 @@ class KafkaSinkBase:
                 producer.produce(self.config.dead_letter_topic, key=keys[row], value=(values[row] or b"")[:1024],
                                  headers={"oncekit.error": f"{where}: row {first_row + row}: too large"})
 
-    def publish(self, producer: SinkProducer, records: Iterable[Records], group: MarkerGroup, batch_id: int,
+    def publish(self, producer: SinkProducer, records: Iterable[Records], writer: int, batch_id: int,
                 where: str, go_ahead: Callable[[int, str], bool] = lambda rows, checksum: True) -> int:
-        """Write ``records`` and the batch marker in one transaction, and commit it; return the
-        rows written. Records are produced part by part as they arrive, so librdkafka sends while
-        Spark still delivers the task's input, and the commit waits only for the last part.
-        ``go_ahead`` hears the rows and checksum once the last part is in; if it says no, the
-        transaction is aborted and nothing is written (0 is returned).
+        """Write ``records`` and ``writer``'s batch marker in one transaction, and commit it;
+        return the rows written. Records are produced part by part as they arrive, so librdkafka
+        sends while Spark still delivers the task's input, and the commit waits only for the
+        last part. ``go_ahead`` hears the rows and checksum once the last part is in; if it says
+        no, the transaction is aborted and nothing is written (0 is returned).
 
-        The marker (rows and checksum) goes last, right before the commit: while a transaction
-        holds a pending marker, every read_committed marker read of its group waits for it, so
-        the window in which a dead writer's transaction blocks the next attempt's read stays one
-        round trip wide. A pooled producer that a newer one has fenced fails at its first part
-        (adding a partition to the transaction is a round trip to the coordinator), having sent
-        nothing that can become visible. A fatal error (fenced) is raised as it is, for
-        :meth:`commit_with_fencing`."""
+        The marker goes last, right before the commit, so the marker partition holds an open
+        transaction for one round trip only. A pooled producer that a newer one has fenced
+        fails at its first part (adding a partition to the transaction is a round trip to the
+        coordinator), having sent nothing that can become visible. A fatal error (fenced) is
+        raised as it is, for :meth:`commit_with_fencing`; a commit or abort that does not
+        return in time raises StallError."""
+        self.markers.ensure_writer(writer)
         producer.failures.clear()
         producer.begin_transaction()
         try:
@@ -352,24 +329,22 @@ class KafkaSinkBase:
                 crc_total += part.crc_total
             total = checksum(rows, crc_total)
             if not go_ahead(rows, total):
-                producer.abort_transaction(30)
+                _abort_transaction(producer, where)
                 return 0
-            with self._marker_consumer(group) as consumer:
-                group_metadata = consumer.consumer_group_metadata()  # a copy: outlives the loan
-            metadata = json.dumps({"batch": batch_id, "rows": rows, "checksum": total})
-            producer.send_offsets_to_transaction(
-                [TopicPartition(self.config.topic, 0, batch_id + 1, metadata)], group_metadata, 30)
-            crash_point("kafka_commit", batch_id, group.partition_id)
-            _commit_transaction(producer)
+            self.markers.produce(producer, writer, BatchMarker(batch_id, rows, total))
+            crash_point("kafka_commit", batch_id, writer)
+            _commit_transaction(producer, where)
             if producer.failures:  # commit refuses a transaction with failed records; belt and braces
                 raise RecordError(f"{where}: records were not delivered: {producer.failures[0]}")
             return rows
         except KafkaException as exc:
             if not exc.args[0].fatal():
-                producer.abort_transaction(30)
+                _abort_transaction(producer, where)
             raise
+        except StallError:
+            raise  # the producer is left to its stuck call; the caller drops it
         except BaseException:
-            producer.abort_transaction(30)
+            _abort_transaction(producer, where)
             raise
 
     def commit_with_fencing(self, transactional_id: KafkaTransactionalId, where: str,
@@ -380,19 +355,21 @@ class KafkaSinkBase:
         an id only the one initialised last can write; if that is not this one (another
         worker's attempt of the partition initialised since), its first transactional call
         fails fatally and ``attempt`` runs once more with a fresh producer, whose
-        ``init_transactions`` fences the other and aborts what it left open. The marker read
-        inside ``attempt`` makes the rerun write nothing if the other attempt committed.
+        ``init_transactions`` fences the other and aborts what it left open. The same happens
+        when the marker read cannot settle with the pooled producer (UnsettledMarkerError). The
+        marker read inside ``attempt`` makes the rerun write nothing if the other attempt
+        committed.
         A producer that failed in any way is dropped, never given back. Kafka errors are raised
         naming sink, batch, partition and transaction."""
         producer = self.take_producer(transactional_id)
         try:
             try:
                 result = attempt(producer)
-            except KafkaException as exc:
-                if not exc.args[0].fatal():
+            except (KafkaException, UnsettledMarkerError) as exc:
+                if isinstance(exc, KafkaException) and not exc.args[0].fatal() or producer.fresh:
                     raise
-                logger.info("%s txn %s: producer fenced (%s); starting over with a new one",
-                            where, transactional_id, exc.args[0].str())
+                logger.info("%s txn %s: %s; starting over with a new producer", where, transactional_id,
+                            exc.args[0].str() if isinstance(exc, KafkaException) else exc)
                 producer = self.take_producer(transactional_id, fresh=True)
                 result = attempt(producer)
         except KafkaException as exc:
@@ -438,13 +415,21 @@ class LatestInit:
 LATEST_INIT = LatestInit(Path(tempfile.gettempdir()) / "oncekit-transactional-ids")
 
 
-def _commit_transaction(producer: Producer) -> None:
-    """Commit, retrying what the client marks retriable."""
-    for attempt in range(5):
+def _commit_transaction(producer: Producer, where: str) -> None:
+    """Commit within :data:`COMMIT_S`, retrying what the client marks retriable; StallError when
+    the client does not answer in time."""
+    deadline = time.monotonic() + COMMIT_S
+    while True:
+        remaining = max(1.0, deadline - time.monotonic())
         try:
-            producer.commit_transaction(60)
+            bounded(f"{where}: commit_transaction", remaining + GRACE_S, producer.commit_transaction, remaining)
             return
         except KafkaException as exc:
-            if not exc.args[0].retriable() or attempt == 4:
+            if not exc.args[0].retriable() or time.monotonic() >= deadline:
                 raise
-            time.sleep(0.5 * (attempt + 1))
+            logger.info("%s: commit_transaction again after %s", where, exc.args[0].str())
+            time.sleep(0.5)
+
+
+def _abort_transaction(producer: Producer, where: str) -> None:
+    bounded(f"{where}: abort_transaction", ABORT_S + GRACE_S, producer.abort_transaction, ABORT_S)

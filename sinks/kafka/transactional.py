@@ -12,10 +12,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow as pa
 
+from oncekit.core.deadline import bounded
 from oncekit.core.errors import NonDeterministicReplayError
-from oncekit.core.names import KafkaTransactionalId, MarkerGroup
+from oncekit.core.names import KafkaTransactionalId
 from oncekit.core.protocol import TaskCommitSink, TaskInfo
 from oncekit.sinks.kafka._common import FORMAT, KafkaSinkBase, RecordStream, SinkProducer
+from oncekit.sinks.kafka._markers import READ_S, SETTLE_S
 
 logger = logging.getLogger(__name__)
 
@@ -27,32 +29,35 @@ class KafkaTransactionalSink(KafkaSinkBase, TaskCommitSink):
         where = f"{FORMAT} sink {self.sink_id} batch {task.batch_id} partition {task.partition_id}"
         records = RecordStream.of(batches, where)
         transactional_id = KafkaTransactionalId(self.sink_id, task.partition_id)
-        group = MarkerGroup(self.sink_id, task.partition_id)
+        self.markers.ensure_writer(task.partition_id)
 
         def attempt(producer: SinkProducer) -> int:
             # The marker is read while the records stream into the transaction: the read needs
             # no input, and Spark delivers the input meanwhile. A read any time after this
             # producer's init_transactions decides right: an attempt that commits later must
             # have fenced this producer, whose commit then fails.
-            marker = _MARKER_READS.submit(self.marker, group)
+            # A new producer's init_transactions has settled the id: its read may wait longer.
+            marker = _MARKER_READS.submit(self.markers.latest, task.partition_id, where,
+                                          READ_S if producer.fresh else SETTLE_S)
             replayed: list[int] = []
 
             def first_time(rows: int, checksum: str) -> bool:
-                offset, metadata = marker.result()
-                if offset <= task.batch_id:
+                found = bounded(f"{where}: marker read", 2 * READ_S + 10, marker.result)
+                if found is None or found.batch_id < task.batch_id:
                     return True
-                if offset == task.batch_id + 1 and metadata.get("checksum") != checksum:
+                if found.batch_id == task.batch_id and found.checksum != checksum:
                     raise NonDeterministicReplayError(
-                        f"{where}: the batch is committed with {metadata.get('rows')} records (checksum "
-                        f"{metadata.get('checksum')}), but its replay has {rows} (checksum {checksum}); "
-                        "the pipeline is not deterministic, so exactly-once cannot hold"
+                        f"{where}: the batch is committed with {found.rows} records (checksum {found.checksum}), "
+                        f"but its replay has {rows} (checksum {checksum}); the pipeline is not deterministic, so "
+                        "exactly-once cannot hold"
                     )
-                replayed.append(offset)
+                replayed.append(found.batch_id)
                 return False
 
-            rows = self.publish(producer, records, group, task.batch_id, where, first_time)
+            rows = self.publish(producer, records, task.partition_id, task.batch_id, where, first_time)
             if replayed:
-                logger.info("%s txn %s: already committed (marker %s); wrote nothing", where, transactional_id, replayed[0])
+                logger.info("%s txn %s: already committed (marker of batch %s); wrote nothing", where,
+                            transactional_id, replayed[0])
                 return 0
             logger.info("%s txn %s: committed %s records", where, transactional_id, rows)
             return rows

@@ -1,5 +1,5 @@
 """The write-ahead-log Kafka sink: tasks stage rows under the checkpoint; once the checkpoint is
-complete, one transaction publishes the batch with its marker (one marker group per sink), so
+complete, one transaction publishes the batch with its marker (one marker per sink), so
 output is visible only after the checkpoint, as with Flink."""
 
 from __future__ import annotations
@@ -11,13 +11,18 @@ from typing import TYPE_CHECKING
 
 
 from oncekit.core.errors import OncekitError
-from oncekit.core.names import KafkaTransactionalId, MarkerGroup
+from oncekit.core.names import KafkaTransactionalId
 from oncekit.core.protocol import CommitOutcome, Committable, WriteAheadSink
 from oncekit.core.staging import StagedFiles
 from oncekit.sinks.kafka._common import FORMAT, KafkaSinkBase, RecordStream, SinkProducer
+from oncekit.sinks.kafka._markers import READ_S, SETTLE_S
 
 if TYPE_CHECKING:
     from oncekit.sinks.kafka.config import KafkaSinkConfig
+
+
+PUBLISHER = 0
+"""The publisher's writer index in the marker topic: one marker per sink."""
 
 
 class KafkaWriteAheadSink(KafkaSinkBase, WriteAheadSink):
@@ -29,9 +34,6 @@ class KafkaWriteAheadSink(KafkaSinkBase, WriteAheadSink):
 
     def send_values(self, batch_id: int, committables: Sequence[Committable]) -> CommitOutcome:
         where = f"{FORMAT} sink {self.sink_id} batch {batch_id}"
-        group = MarkerGroup(self.sink_id)
-        if self.marker(group)[0] > batch_id:
-            return CommitOutcome.ALREADY_COMMITTED
         # Each staged file is read and sent in turn, with librdkafka sending while the next is read.
         records = RecordStream(itertools.chain.from_iterable(
             RecordStream.of(batches, f"{where} partition {committable.partition_id}")
@@ -39,23 +41,32 @@ class KafkaWriteAheadSink(KafkaSinkBase, WriteAheadSink):
         ))
 
         def attempt(producer: SinkProducer) -> int:
-            if self.marker(group)[0] > batch_id:  # published by another notification meanwhile
-                return 0
-            return self.publish(producer, records, group, batch_id, where)
+            # Published before (a repeated notification, or another one meanwhile)? A new
+            # producer's init_transactions has settled the id: its read may wait longer.
+            marker = self.markers.latest(PUBLISHER, where, READ_S if producer.fresh else SETTLE_S)
+            if marker is not None and marker.batch_id >= batch_id:
+                return -1
+            return self.publish(producer, records, PUBLISHER, batch_id, where)
 
         try:
             published = self.commit_with_fencing(KafkaTransactionalId(self.sink_id), where, attempt)
         except OncekitError:
             # Two notifications for one batch fence each other; the one that wins publishes it.
-            if self._wait_for_marker(group, batch_id):
+            if self._wait_for_marker(batch_id, where):
                 return CommitOutcome.ALREADY_COMMITTED
             raise
+        if published < 0:
+            return CommitOutcome.ALREADY_COMMITTED
         return CommitOutcome.COMMITTED if published or not any(c.rows for c in committables) else CommitOutcome.ALREADY_COMMITTED
 
-    def _wait_for_marker(self, group: MarkerGroup, batch_id: int, timeout_s: float = 60.0) -> bool:
+    def _wait_for_marker(self, batch_id: int, where: str, timeout_s: float = 60.0) -> bool:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if self.marker(group)[0] > batch_id:
+            try:
+                marker = self.markers.latest(PUBLISHER, where)
+            except OncekitError:
+                marker = None  # unsettled or unreachable for now: look again
+            if marker is not None and marker.batch_id >= batch_id:
                 return True
             time.sleep(1.0)
         return False

@@ -308,7 +308,7 @@ class PostgresSinkBase(Sink):
             raise
         self.give_back(conn)
 
-    def preflight(self) -> None:
+    def preflight(self, resumed: bool = False) -> None:
         """Driver, at query start: the target exists with the stream's columns and keys, and the
         kit's own tables exist."""
         config = self.config

@@ -27,13 +27,13 @@ class PostgresTwoPhaseCommitSink(PostgresSinkBase, TwoPhaseCommitSink["_Prepared
     """Tasks prepare, the driver commits prepared. A marker row in each prepared transaction tells
     "committed" from "rolled back" once the id has left ``pg_prepared_xacts``."""
 
-    def preflight(self) -> None:
+    def preflight(self, resumed: bool = False) -> None:
         with self.connection(autocommit=True) as conn:
             row = conn.execute("SHOW max_prepared_transactions").fetchone()
             if row is None or int(row[0]) == 0:
                 raise ConfigError(f"{FORMAT} sink {self.sink_id}: the server has max_prepared_transactions = 0; "
                                   "set it above the number of partitions times two (postgres -c max_prepared_transactions=64) and restart it")
-        super().preflight()
+        super().preflight(resumed)
 
     def _create_tables(self, conn: psycopg.Connection[Any]) -> None:
 
