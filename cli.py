@@ -40,7 +40,7 @@ def _verify(args: argparse.Namespace) -> int:
                             args.rate, args.fault_every, args.sample_every, args.json)
     return command.main(args.pipeline or "postgres-two-phase-commit", args.faults, args.seed, args.guarantee,
                         args.backend, args.duplicates, args.malformed, args.late, args.json, args.brokers,
-                        args.secured)
+                        args.secured, args.service_faults)
 
 
 def _produce(args: argparse.Namespace) -> int:
@@ -184,6 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--guarantee", choices=GUARANTEES,
                        help="what to check (default: what the example promises; exactly-once for yours)")
     check.add_argument("--faults", type=int, default=5)
+    check.add_argument("--service-faults", action="store_true",
+                       help="draw only service faults (Kafka and PostgreSQL stopped, killed -9, cut off; one broker "
+                       "of a cluster), the ones that hit a running batch, instead of crash points and driver kills too")
     check.add_argument("--duplicates", type=float, default=0.0, help="fraction of input records sent twice upstream")
     check.add_argument("--malformed", type=float, default=0.0, help="fraction of malformed input records")
     check.add_argument("--late", type=float, default=0.0, help="fraction of input records an hour late")

@@ -64,6 +64,11 @@ class StallError(OncekitError):
     (or the query and batch), so that the task or query fails and its restart takes over."""
 
 
+class QueryStuckError(StallError):
+    """A stalled query did not stop when the batch watchdog stopped it: the driver process must be
+    restarted (no restart inside it can start the query again while Spark holds the old one)."""
+
+
 class UnsettledMarkerError(StallError):
     """A Kafka sink's marker partition still holds an undecided transaction of the writer's own
     transactional id (its last commit not yet marked by the broker, or a newer producer's open

@@ -22,6 +22,7 @@ from oncekit.core.errors import (
     ConfigError,
     NonDeterministicReplayError,
     OncekitError,
+    QueryStuckError,
     RestartsExhaustedError,
 )
 
@@ -119,9 +120,10 @@ def strategy_from_config(config: Mapping[str, Any]) -> RestartStrategy:
 
 
 # Failures no restart can mend: the next attempt would fail the same way (a refused password or
-# certificate, a pipeline that replays differently), so they stop at once. ConfigError is not
-# among them: a broker still starting can answer metadata without a topic that exists.
-UNRESTARTABLE: tuple[type[OncekitError], ...] = (AccessError, NonDeterministicReplayError)
+# certificate, a pipeline that replays differently), or cannot start at all (a stuck query that
+# Spark still holds), so they stop at once. ConfigError is not among them: a broker still
+# starting can answer metadata without a topic that exists.
+UNRESTARTABLE: tuple[type[OncekitError], ...] = (AccessError, NonDeterministicReplayError, QueryStuckError)
 
 
 def restartable(error: BaseException) -> bool:

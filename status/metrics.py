@@ -3,7 +3,8 @@
 :class:`SnapshotMetrics` is a custom collector: each scrape turns the latest
 :class:`~oncekit.status.model.Snapshot` into metric families, so the numbers on the page and
 the scraped ones are the same. Every metric is a gauge (a value read from the checkpoint or a
-service at the snapshot's time) except ``oncekit_restarts_total``; :data:`METRICS` lists them
+service at the snapshot's time) except ``oncekit_restarts_total``, ``oncekit_aborted_batches_total`` and
+``oncekit_stalled_batches_total``; :data:`METRICS` lists them
 with their help text, which the README repeats. Labels: ``query`` (the checkpoint's name),
 ``sink`` (a journal's sink id, or a fan-out target's), ``topic`` and ``partition``.
 
@@ -46,6 +47,8 @@ METRICS: dict[str, str] = {
     "oncekit_open_kafka_transactions": "Open Kafka transactions in the cluster (Ongoing, PrepareCommit, PrepareAbort)",
     "oncekit_open_kafka_transaction_oldest_age_seconds": "Age of the oldest open Kafka transaction (0: none)",
     "oncekit_restarts": "Query restarts by the restart strategy since the status page started (runner's page only)",
+    "oncekit_stalled_batches": "Batches the batch watchdog found planned and not committed within the batch timeout "
+                               "(it stopped the query for its restart strategy), ever, as recorded beside the checkpoint",
     "oncekit_exactly_once_at_risk": "1 while any red state holds (see oncekit_alerts)",
     "oncekit_alerts": "Red states now, per kind",
     "oncekit_status_source_up": "1 when the status page could read that source (checkpoint, kafka, postgres, ...) last time",
@@ -85,6 +88,7 @@ class SnapshotMetrics(Collector):
             "oncekit_source_completed_offset", "oncekit_source_lag_records")}
         growing = _gauge("oncekit_source_lag_growing", ["query"])
         restarts = CounterMetricFamily("oncekit_restarts", METRICS["oncekit_restarts"], labels=["query"])
+        stalled = CounterMetricFamily("oncekit_stalled_batches", METRICS["oncekit_stalled_batches"], labels=["query"])
         for query in snapshot.queries:
             if query.last_planned is not None:
                 planned.add_metric([query.name], query.last_planned)
@@ -116,8 +120,9 @@ class SnapshotMetrics(Collector):
                         offsets[name].add_metric(labels, value)
             growing.add_metric([query.name], 1 if query.lag_growing else 0)
             restarts.add_metric([query.name], len(query.restarts))
+            stalled.add_metric([query.name], query.stalls)
         yield from (planned, completed, count, duration, records, latency, lag_batches, uncommitted, oldest, committed,
-                    aborted, *offsets.values(), growing, restarts)
+                    aborted, *offsets.values(), growing, restarts, stalled)
 
     def _services(self, snapshot: Snapshot) -> Iterator[Metric]:
         up = _gauge("oncekit_status_source_up", ["source"])
@@ -150,13 +155,14 @@ class SnapshotMetrics(Collector):
             yield from (open_count, oldest_open)
         alerts = _gauge("oncekit_alerts", ["kind"])
         kinds: dict[str, int] = {kind: 0 for kind in ("prepared_transaction_too_old", "kafka_transaction_too_old",
-                                                      "batch_not_committed", "lag_growing", "checkpoint_unreadable")}
+                                                      "batch_not_committed", "lag_growing", "checkpoint_unreadable",
+                                                      "batch_stalled")}
         for alert in snapshot.alerts:
             kinds[alert.kind] = kinds.get(alert.kind, 0) + 1
         for kind, n in kinds.items():
             alerts.add_metric([kind], n)
         risk = _gauge("oncekit_exactly_once_at_risk")
-        risk.add_metric([], 1 if any(a.kind != "lag_growing" for a in snapshot.alerts) else 0)
+        risk.add_metric([], 1 if any(a.kind not in ("lag_growing", "batch_stalled") for a in snapshot.alerts) else 0)
         yield from (alerts, risk)
 
 

@@ -35,6 +35,7 @@ from oncekit.core.errors import ConfigError
 from oncekit.core.journal import Journal
 from oncekit.core.names import TransactionId
 from oncekit.core.spark_log import SparkLog, batch_ids
+from oncekit.core.stalls import Stall, StallLog
 from oncekit.core.storage import list_names
 from oncekit.status.kafka_transactions import KafkaTransaction
 
@@ -59,6 +60,7 @@ class Thresholds:
     lag_growth_samples: int = 6
     lag_sample_interval_s: float = 10.0
     history_batches: int = 200
+    stall_alert_s: float = 900.0  # how long a stall the batch watchdog recorded stays red
 
     def __post_init__(self) -> None:
         if self.transaction_timeout_s <= 0 or self.lag_sample_interval_s < 0:
@@ -170,6 +172,8 @@ class QueryStatus:
     lag_growing: bool
     restarts: tuple[Restart, ...]
     error: str | None = None
+    stalls: int = 0  # batch watchdog stalls ever recorded beside the checkpoint
+    stalls_recent: tuple[Stall, ...] = ()  # the newest first
 
 
 @dataclass(frozen=True)
@@ -331,8 +335,10 @@ class StatusCollector:
         growing = self._lag_growing(watched.name, now, lag)
         with self._lock:
             restarts = tuple(r for r in self._restarts if r.query in (watched.name, "*"))
+        stalls, recent = StallLog(watched.checkpoint).read()
         return QueryStatus(watched.name, watched.checkpoint, last_planned, last_completed, len(completed),
-                           tuple(batches), sinks, partitions, lag, growing, restarts)
+                           tuple(batches), sinks, partitions, lag, growing, restarts, stalls=stalls,
+                           stalls_recent=tuple(recent))
 
     def _sinks(self, watched: Watched, log: SparkLog, cache: _CheckpointCache, completed: set[int],
                last_planned: int | None, now: float) -> tuple[tuple[SinkStatus, ...], dict[int, float]]:
@@ -552,6 +558,10 @@ class StatusCollector:
                         alerts.append(Alert("batch_not_committed",
                                             f"{query.name} sink {sink.sink_id} batch {batch.batch_id}: journaled "
                                             f"{batch.age_s:.0f} s ago, not committed {batch.behind} batches later"))
+            stall = query.stalls_recent[0] if query.stalls_recent else None
+            if stall is not None and self._clock() - stall.at < self.thresholds.stall_alert_s:
+                alerts.append(Alert("batch_stalled", f"{query.name}: {stall.message} at "
+                                                     f"{time.strftime('%H:%M:%S', time.localtime(stall.at))}"))
             if query.lag_growing:
                 alerts.append(Alert("lag_growing", f"{query.name}: source lag {query.lag_records} records, grew in each "
                                                    f"of the last {self.thresholds.lag_growth_samples} samples"))

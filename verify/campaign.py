@@ -37,7 +37,7 @@ from oncekit.verify.checker import GUARANTEES, Verdict, compare
 from oncekit.verify.clusterfaults import ClusterFaults
 from oncekit.verify.driver import DriverProcess
 from oncekit.verify.examples import EXAMPLES, PER_BATCH, PipelineContext, sink_kind
-from oncekit.verify.faults import CLUSTER_FAULTS, POSTGRES_FAULTS, Fault, postgres_steps, schedule
+from oncekit.verify.faults import CLUSTER_FAULTS, OUTAGES, POSTGRES_FAULTS, Fault, postgres_steps, schedule
 from oncekit.verify.io import KafkaOutput, Upstream, prepare_target, prepared_transactions, produce_input, table_ids
 from oncekit.verify.pgfaults import PostgresFaults, install_holds
 from oncekit.verify.report import CampaignReport, FaultResult
@@ -80,7 +80,7 @@ class Campaign:
         self.expected: list[int] = []
         self.upstream = upstream
         self.produced = 0
-        self.stalls: list[str] = []  # stack dumps of faults the pipeline never caught up on
+        self.stalls: list[str] = []  # stack dumps of faults the pipeline did not catch up on in time
 
     def observe(self) -> list[Hashable] | None:
         """:meth:`output`, or None while a service it reads is unreachable (a fault in progress,
@@ -127,41 +127,40 @@ class Campaign:
                                        upstream=self.upstream)
         self.produced += self.chunk
         ended, batch = self.inject(fault)
-        caught_up, ended, batch, timed_out = self._await_output(fault, ended, batch)
-        stuck = timed_out and caught_up is None
-        stalled = stuck and compare(self.wanted(), self.output()).name != "exactly-once"
-        if stuck:
-            # No progress until the deadline: where the pipeline waits goes into the report. A
-            # stall (output missing) is a liveness failure, not yet a verdict: the driver is then
-            # killed and restarted, and the output must still come out exactly once. Output
-            # complete with a planned batch never committed was seen once (fan-out, "kafka
-            # stopped 5 s"); its stacks are kept, and the next fault's input shows whether it moves.
-            what = "no progress" if stalled else "output complete, but a planned batch left uncommitted"
-            self.stalls.append(f"fault {fault}: {what} in {self.catch_up_s:.0f} s; stacks of the driver's "
-                               f"processes{', then the driver killed and restarted' if stalled else ''}:\n"
-                               f"{self.driver.stacks()}")
+        caught_up, ended, batch, next_commit, timed_out = self._await_output(fault, ended, batch)
+        stalled = timed_out and caught_up is None
         if stalled:
+            # Not caught up and settled by the deadline: a liveness failure, whatever the output
+            # holds (missing records, or a planned batch never committed). Where the pipeline
+            # waits goes into the report; the driver is then killed and restarted, so that the
+            # output can still be judged exactly-once.
+            complete = compare(self.wanted(), self.output()).name == "exactly-once"
+            what = "output complete, but a planned batch left uncommitted" if complete else "no progress"
+            self.stalls.append(f"fault {fault}: {what} in {self.catch_up_s:.0f} s; stacks of the driver's "
+                               f"processes, then the driver killed and restarted:\n{self.driver.stacks()}")
             self.driver.kill()
-            restarted = time.monotonic()
-            caught_up, _, _, _ = self._await_output(fault, restarted, batch)
+            caught_up, _, _, _, _ = self._await_output(fault, time.monotonic(), batch)
         if fault.kind == "crash" and ended is None:
             disarm(self.crash_dir, fault.point or "")
         verdict = compare(self.wanted(), self.output())
         start = ended if ended is not None else time.monotonic()
         recovery = max(0.0, round(caught_up - start, 1)) if caught_up is not None else float("nan")
+        to_commit = max(0.0, round(next_commit - start, 1)) if next_commit is not None else float("nan")
         return FaultResult(str(fault), ended is not None, batch, self.query_restarts() - restarts_before,
                            self.driver.restarts - driver_before, recovery,
                            verdict.name, verdict.summary(3) + self.postgres_faults.note(fault.kind)
-                           + self.cluster_faults.note(fault.kind), stalled)
+                           + self.cluster_faults.note(fault.kind), stalled, to_commit)
 
-    def _await_output(self, fault: Fault, ended: float | None,
-                      batch: int | None) -> tuple[float | None, float | None, int | None, bool]:
+    def _await_output(self, fault: Fault, ended: float | None, batch: int | None
+                      ) -> tuple[float | None, float | None, int | None, float | None, bool]:
         """Wait (restarting the driver whenever it dies) until the output holds everything
         produced and has settled, or nothing more can come, or ``catch_up_s`` passed. Returns
         when it caught up (or None), when the fault ended and the batch it hit (a crash point's
-        are known only once it fired), and whether the wait ran out of time."""
-        caught_up, last_change = None, time.monotonic()
+        are known only once it fired), when Spark first committed a batch after the fault's end
+        (None if it did not), and whether the wait ran out of time."""
+        caught_up, last_change, next_commit = None, time.monotonic(), None
         seen: tuple[int, int | None, int | None] | None = None
+        committed_at_end = self.batch_committed() if ended is not None else None
         reconnected = 0.0
         deadline = time.monotonic() + self.catch_up_s
         want = Counter(self.wanted())
@@ -170,6 +169,9 @@ class Campaign:
                 where = fired_at(self.crash_dir, fault.point or "")
                 if where is not None:
                     ended, batch = time.monotonic(), where.get("batch")
+                    committed_at_end = self.batch_committed()
+            if ended is not None and next_commit is None and (self.batch_committed() or -1) > (committed_at_end or -1):
+                next_commit = time.monotonic()
             self.driver.ensure_running()
             got = self.observe()
             if got is None:
@@ -194,8 +196,8 @@ class Campaign:
                 reconnected = time.monotonic()
             time.sleep(0.3)
         else:
-            return caught_up, ended, batch, True
-        return caught_up, ended, batch, False
+            return caught_up, ended, batch, next_commit, True
+        return caught_up, ended, batch, next_commit, False
 
     def batch_committed(self) -> int | None:
         return self.spark_log.latest_completed()
@@ -244,7 +246,7 @@ class Campaign:
             fired = self.postgres_faults.inject(fault.kind, fault.outage_s)
             return (time.monotonic() if fired else None), batch
         service = self.services.kafka if fault.kind.startswith("kafka") else self.services.postgres
-        service.outage("stop" if fault.kind.endswith("-restart") else "cut", fault.outage_s)
+        service.outage(OUTAGES[fault.kind.partition("-")[2]], fault.outage_s)
         return time.monotonic(), batch
 
     def finish(self) -> tuple[int | None, Verdict, list[str]]:
@@ -264,12 +266,13 @@ def run_campaign(pipeline: str, services: Services, faults: int | list[Fault], s
                  guarantee: str | None = None, progress: Callable[[int, int, FaultResult], None] | None = None,
                  chunk: int = CHUNK, per_batch: int = PER_BATCH, env: dict[str, str] | None = None,
                  work_dir: str | None = None, upstream: Upstream | None = None,
-                 spark_cluster: StandaloneCluster | None = None) -> CampaignReport:
+                 spark_cluster: StandaloneCluster | None = None, services_only: bool = False) -> CampaignReport:
     """Run ``pipeline`` under ``faults`` (a count drawn from ``seed``, or a given schedule) and
     check every verdict against ``guarantee`` (default: what the example promises, else
     exactly-once). On a Kafka cluster of three brokers or more, a drawn schedule includes the
     broker faults when the pipeline writes to Kafka; ``spark_cluster`` (the standalone cluster
-    the driver's ``SPARK_MASTER`` in ``env`` names) lets a schedule kill its executors."""
+    the driver's ``SPARK_MASTER`` in ``env`` names) lets a schedule kill its executors;
+    ``services_only`` draws service faults only (see :func:`~oncekit.verify.faults.schedule`)."""
     example = EXAMPLES.get(pipeline)
     guarantee = guarantee or (example.guarantee if example else "exactly-once")
     if guarantee not in GUARANTEES:
@@ -277,7 +280,8 @@ def run_campaign(pipeline: str, services: Services, faults: int | list[Fault], s
     plan = faults if isinstance(faults, list) else schedule(
         seed, faults, example.points if example else POINTS, network_cuts=services.backend == "containers",
         kafka_cluster=len(services.kafka.brokers) >= 3 and sink_kind(pipeline) != "postgres",
-        postgres_steps=postgres_steps(sink_kind(pipeline), example.protocol if example else None))
+        postgres_steps=postgres_steps(sink_kind(pipeline), example.protocol if example else None),
+        services_only=services_only, postgres=sink_kind(pipeline) != "kafka")
     name = f"{pipeline.replace(':', '-').replace('.', '-')}-{seed}-{time.time_ns() % 10**9}"
     with _work(work_dir) as work:
         campaign = Campaign(pipeline, services, name, work, chunk, per_batch, env, upstream=upstream,

@@ -16,28 +16,33 @@ from oncekit.verify.soak import table as soak_table
 
 
 def main(pipeline: str, faults: int, seed: int, guarantee: str | None, backend: str, duplicates: float,
-         malformed: float, late: float, json_path: str | None, brokers: int = 1, secured: bool = False) -> int:
-    """Returns the exit code: 0 when every verdict meets the guarantee. ``brokers``: a Kafka
-    cluster of that many brokers (3: the schedule adds the broker faults)."""
+         malformed: float, late: float, json_path: str | None, brokers: int = 1, secured: bool = False,
+         services_only: bool = False) -> int:
+    """Returns the exit code: 0 when every verdict meets the guarantee and nothing stalled.
+    ``brokers``: a Kafka cluster of that many brokers (3: the schedule adds the broker faults);
+    ``services_only``: service faults only."""
 
     def progress(done: int, total: int, result: FaultResult) -> None:
         bar = "#" * (20 * done // total)
-        print(f"[{bar:<20}] {done}/{total} {result.fault}: {result.verdict} "
-              f"(batch {result.batch}, recovery {result.recovery_s:.1f} s)", flush=True)
+        print(f"[{bar:<20}] {done}/{total} {result.fault}: {result.verdict}{', STALLED' if result.stalled else ''} "
+              f"(batch {result.batch}, next commit {result.next_commit_s:.1f} s, recovery {result.recovery_s:.1f} s)",
+              flush=True)
 
     started = start_services(backend, kafka_brokers=brokers, secured=secured)
     print(f"services ({started.backend}, {brokers} Kafka broker{'s' if brokers > 1 else ''}) ready; "
           f"{faults} faults into {pipeline}, seed {seed}", flush=True)
     with started.running() as services:
         upstream = Upstream(duplicates, malformed, late, seed)
-        report = run_campaign(pipeline, services, faults, seed, guarantee, progress, upstream=upstream)
+        report = run_campaign(pipeline, services, faults, seed, guarantee, progress, upstream=upstream,
+                              services_only=services_only)
     print(table(report))
     if json_path:
         write_json(json_path, report)
     if not report.passed:
-        print(f"not {report.guarantee}; reproduce with: oncekit verify --pipeline {pipeline} "
+        print(f"not {report.guarantee} and live; reproduce with: oncekit verify --pipeline {pipeline} "
               f"--faults {faults} --seed {seed} --duplicates {duplicates} --malformed {malformed} "
-              f"--late {late} --brokers {brokers}  (schedule: {'; '.join(r.fault for r in report.results)})")
+              f"--late {late} --brokers {brokers}{' --service-faults' if services_only else ''}  "
+              f"(schedule: {'; '.join(r.fault for r in report.results)})")
         return 1
     return 0
 

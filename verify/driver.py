@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -19,9 +18,15 @@ from pathlib import Path
 from oncekit.core.crash import CRASH_DIR_ENV
 from oncekit.core.errors import VerifyError
 from oncekit.core.spark_log import SparkLog
+from oncekit.core.stacks import process_stacks
 from oncekit.verify.examples import PipelineContext, resolve
 
 logger = logging.getLogger(__name__)
+
+BATCH_TIMEOUT_S = 90.0
+"""The batch deadline of a pipeline under test (``spark.oncekit.batchTimeoutSeconds``): a
+stalled batch is stopped and restarted by the driver's restart strategy well within a
+campaign's catch-up window."""
 
 
 def start_driver(pipeline: str, ctx: PipelineContext, crash_dir: str, drain: bool = False,
@@ -46,6 +51,7 @@ def start_driver(pipeline: str, ctx: PipelineContext, crash_dir: str, drain: boo
 def main(spec_text: str) -> int:
     """The driver process: ``python -m oncekit.verify '<spec json>'``."""
     from oncekit.core.restart import ExponentialBackoff, supervise
+    from oncekit.core.spark.query import BATCH_TIMEOUT_CONF
     from oncekit.core.spark.session import spark_session
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -59,7 +65,8 @@ def main(spec_text: str) -> int:
     # Spark retries a failed task (local[cores,maxFailures] in local mode; a cluster's own conf else).
     master = os.environ.get("SPARK_MASTER") or "local[2,4]"
     spark = spark_session("oncekit-verify", master=master,
-                          conf={f"spark.executorEnv.{CRASH_DIR_ENV}": os.environ.get(CRASH_DIR_ENV, "")})
+                          conf={f"spark.executorEnv.{CRASH_DIR_ENV}": os.environ.get(CRASH_DIR_ENV, ""),
+                                BATCH_TIMEOUT_CONF: str(BATCH_TIMEOUT_S)})
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     restarts_file = Path(ctx.checkpoint + ".restarts")
@@ -128,27 +135,11 @@ class DriverProcess:
             and started.exists() and started.stat().st_mtime >= self.launched
 
     def stacks(self) -> str:
-        """The Python stacks of the driver and every process under it (its Spark JVM's Python
-        workers), by ``py-spy dump``, and the JVM's query and task threads, by ``jstack``: for a campaign to show where a pipeline
-        that stopped making progress is waiting. Empty without py-spy or a running driver."""
-        spy = shutil.which("py-spy") or shutil.which("py-spy", path=os.path.dirname(sys.executable))
-        jstack = shutil.which("jstack") or shutil.which("jstack", path=os.path.join(os.environ.get("JAVA_HOME", ""), "bin"))
-        if spy is None or self.process is None or self.process.poll() is not None:
+        """Where the driver and every process under it wait (:func:`~oncekit.core.stacks.process_stacks`),
+        for a campaign to show why a pipeline stopped making progress. Empty without a running driver."""
+        if self.process is None or self.process.poll() is not None:
             return ""
-        dumps = []
-        for pid in _process_tree(self.process.pid):
-            try:
-                command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            state = _state(pid)
-            if "java" in command.split(" ", 1)[0] and jstack is not None:
-                dumped = subprocess.run([jstack, str(pid)], capture_output=True, text=True, timeout=60)
-                dumps.append(f"--- pid {pid} (JVM, {state}): {command[:100]}\n{_spark_threads(dumped.stdout or dumped.stderr)}")
-            elif "python" in command or not command:
-                dumped = subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=60)
-                dumps.append(f"--- pid {pid} ({state}): {command[:160]}\n{dumped.stdout or dumped.stderr}")
-        return "\n".join(dumps)
+        return process_stacks(self.process.pid)
 
     def kill(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -166,41 +157,3 @@ class DriverProcess:
             except subprocess.TimeoutExpired:
                 self.kill()
         return self.process.returncode
-
-
-def _process_tree(root: int) -> list[int]:
-    """``root`` and every process descended from it (Linux /proc). By parentage, not process
-    group: pyspark's worker daemon puts itself and its workers in a group of their own."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        parent = int(stat[stat.rindex(")") + 2:].split()[1])  # after "pid (comm) ": state ppid ...
-        children.setdefault(parent, []).append(int(entry.name))
-    found, pending = [], [root]
-    while pending:
-        pid = pending.pop()
-        found.append(pid)
-        pending += children.get(pid, [])
-    return sorted(found)
-
-
-def _state(pid: int) -> str:
-    """A process's state letter from /proc (Z: a zombie nobody reaped)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return "gone"
-    return stat[stat.rindex(")") + 2:].split()[0]
-
-
-def _spark_threads(dump: str) -> str:
-    """The threads of a jstack dump that run a streaming query or a task, or talk to Python."""
-    wanted = ("stream execution thread", "Executor task launch", "stdout writer", "python", "Python")
-    blocks = dump.split("\n\n")
-    kept = [b for b in blocks if b.startswith('"') and any(w in b.split("\n", 1)[0] or w in b for w in wanted)]
-    return "\n\n".join(kept) if kept else dump[:4000]

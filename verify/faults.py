@@ -8,7 +8,10 @@ from dataclasses import dataclass
 
 from oncekit.core.crash import POINTS
 
-SERVICE_FAULTS = ("kafka-restart", "postgres-restart", "kafka-cut", "postgres-cut")
+SERVICE_FAULTS = ("kafka-restart", "postgres-restart", "kafka-kill", "postgres-kill", "kafka-cut", "postgres-cut")
+"""A whole service: stopped (Kafka SIGTERM, PostgreSQL fast shutdown), killed -9, or cut off the
+network, for ``outage_s``; see :meth:`~oncekit.connectors.services.base.Service.outage`."""
+OUTAGES = {"restart": "stop", "kill": "kill", "cut": "cut"}  # kind's action: Service.outage's
 POSTGRES_FAULTS = {  # kind: what the table says; injected at a sink step (oncekit.verify.pgfaults)
     "postgres-kill-prepare": "postgres kill -9 in PREPARE TRANSACTION",
     "postgres-kill-commit-prepared": "postgres kill -9 between COMMIT PREPAREDs",
@@ -54,27 +57,31 @@ class Fault:
             down = f" {self.outage_s:.0f} s" if self.kind != "postgres-terminate" else ""
             return POSTGRES_FAULTS[self.kind] + down
         service, _, action = self.kind.partition("-")
-        what = "stopped" if action == "restart" else "cut off network"
+        what = {"restart": "stopped", "kill": "killed -9", "cut": "cut off network"}[action]
         return f"{service} {what} {self.outage_s:.0f} s"
 
 
 def schedule(seed: int, count: int, points: Iterable[str] = POINTS, network_cuts: bool = True,
-             kafka_cluster: bool = False, postgres_steps: Iterable[str] = ()) -> list[Fault]:
+             kafka_cluster: bool = False, postgres_steps: Iterable[str] = (), services_only: bool = False,
+             kafka: bool = True, postgres: bool = True) -> list[Fault]:
     """A reproducible fault schedule: about half crash points, a tenth driver kills, a third
-    service faults (network cuts only where the backend can make them). With ``kafka_cluster``
-    (three brokers or more, and a sink that writes to Kafka) two service faults in three hit one
-    broker (:data:`KAFKA_CLUSTER_FAULTS`), down or cut off long enough (3-15 s) for the cluster
-    to notice (a broker's session times out after 9 s) or not. ``postgres_steps`` (kinds of
-    :data:`POSTGRES_FAULTS` the pipeline's sink reaches, see :func:`postgres_steps`) take half of
-    the service faults that remain."""
+    service faults (network cuts only where the backend can make them); ``services_only``: service
+    faults only, the ones that hit a running batch's reads, writes and commits. With
+    ``kafka_cluster`` (three brokers or more, and a sink that writes to Kafka) two service faults
+    in three hit one broker (:data:`KAFKA_CLUSTER_FAULTS`), down or cut off long enough (3-15 s)
+    for the cluster to notice (a broker's session times out after 9 s) or not. ``postgres_steps``
+    (kinds of :data:`POSTGRES_FAULTS` the pipeline's sink reaches, see :func:`postgres_steps`)
+    take half of the service faults that remain. ``kafka`` / ``postgres``: whether the pipeline
+    uses that service at all (its source is Kafka; a service it does not use is not faulted)."""
     rng = random.Random(seed)
     points = tuple(points)
-    services = [k for k in SERVICE_FAULTS if network_cuts or not k.endswith("-cut")]
+    services = [k for k in SERVICE_FAULTS if (network_cuts or not k.endswith("-cut"))
+                and (kafka or not k.startswith("kafka")) and (postgres or not k.startswith("postgres"))]
     brokers = [k for k in KAFKA_CLUSTER_FAULTS if network_cuts or not k.endswith("-cut")] if kafka_cluster else []
     steps = list(postgres_steps)
     faults = []
     for _ in range(count):
-        draw = rng.random()
+        draw = 1.0 if services_only else rng.random()
         if draw < 0.55:
             faults.append(Fault("crash", point=rng.choice(points)))
         elif draw < 0.65:

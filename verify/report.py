@@ -14,7 +14,10 @@ from oncekit.verify.checker import ALLOWED_VERDICTS
 class FaultResult:
     """One fault's row in the campaign table. ``batch``: the batch it hit (the batch in flight
     for kills and service faults); ``recovery_s``: from the end of the fault (the crash, the
-    kill, the service back) until all input produced so far was committed in the output."""
+    kill, the service back) until all input produced so far was committed in the output;
+    ``next_commit_s``: from the end of the fault until Spark committed a batch (nan when none was
+    needed: the fault hit after the last one); ``stalled``: not caught up within the campaign's
+    catch-up window, a failure whatever the output holds."""
 
     fault: str
     fired: bool
@@ -24,7 +27,8 @@ class FaultResult:
     recovery_s: float
     verdict: str
     detail: str
-    stalled: bool = False  # no progress until the deadline; the driver was killed and restarted
+    stalled: bool = False  # not caught up in time; the driver was killed and restarted
+    next_commit_s: float = float("nan")
 
 
 @dataclass(frozen=True)
@@ -40,7 +44,8 @@ class CampaignReport:
     @property
     def passed(self) -> bool:
         allowed = ALLOWED_VERDICTS[self.guarantee]
-        return not self.left_behind and all(r.verdict in allowed for r in self.results) and self.final in allowed
+        return (not self.left_behind and all(r.verdict in allowed and not r.stalled for r in self.results)
+                and self.final in allowed)
 
     @property
     def longest_recovery_s(self) -> float:
@@ -52,16 +57,18 @@ def table(report: CampaignReport) -> str:
     lines = [f"oncekit verify: pipeline {report.pipeline}, guarantee {report.guarantee}, seed {report.seed}, "
              f"{len(report.results)} faults",
              f"| {'#':>2} | {'fault':<46} | {'fired':<5} | {'batch':>5} | {'query restarts':>14} | "
-             f"{'driver restarts':>15} | {'recovery s':>10} | {'verdict':<15} |",
-             f"|{'-' * 4}|{'-' * 48}|{'-' * 7}|{'-' * 7}|{'-' * 16}|{'-' * 17}|{'-' * 12}|{'-' * 17}|"]
+             f"{'driver restarts':>15} | {'next commit s':>13} | {'recovery s':>10} | {'verdict':<15} |",
+             f"|{'-' * 4}|{'-' * 48}|{'-' * 7}|{'-' * 7}|{'-' * 16}|{'-' * 17}|{'-' * 15}|{'-' * 12}|{'-' * 17}|"]
     for i, r in enumerate(report.results):
         batch = "" if r.batch is None else str(r.batch)
+        verdict = f"{r.verdict}, STALL" if r.stalled else r.verdict
         lines.append(f"| {i:>2} | {r.fault:<46} | {'yes' if r.fired else 'no':<5} | {batch:>5} | "
-                     f"{r.query_restarts:>14} | {r.driver_restarts:>15} | {r.recovery_s:>10.1f} | {r.verdict:<15} |")
+                     f"{r.query_restarts:>14} | {r.driver_restarts:>15} | {r.next_commit_s:>13.1f} | "
+                     f"{r.recovery_s:>10.1f} | {verdict:<15} |")
     stalled = [str(i) for i, r in enumerate(report.results) if r.stalled]
     if stalled:
-        lines.append(f"stalled (no progress until the deadline; the driver was killed and restarted, its stacks are "
-                     f"in the report's log): fault {', '.join(stalled)}")
+        lines.append(f"STALLED (not caught up within the catch-up window; the driver was killed and restarted, its "
+                     f"stacks are in the report's log): fault {', '.join(stalled)}")
     lines.append(f"final: {report.final}; left behind: {', '.join(report.left_behind) or 'nothing'}; "
                  f"longest recovery {report.longest_recovery_s:.1f} s")
     return "\n".join(lines)

@@ -33,7 +33,6 @@ from oncekit.connectors import Services
 from oncekit.core.crash import POINTS, arm, disarm, fired_at
 from oncekit.core.errors import ConfigError
 from oncekit.verify.campaign import Campaign
-from oncekit.verify.checker import compare
 from oncekit.verify.examples import EXAMPLES
 from oncekit.verify.faults import Fault, schedule
 from oncekit.verify.io import KafkaOutput, kit_rows, marker_partitions, prepared_transactions, produce_input

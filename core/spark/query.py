@@ -1,14 +1,16 @@
-"""Starting queries with oncekit sinks, and the checkpoint-complete listener.
+"""Starting queries with oncekit sinks, the checkpoint-complete listener, and the batch deadline.
 
 ``start_query`` registers the sink's Spark format, attaches one :class:`CheckpointListener` per
-SparkSession and starts the query. The listener runs in the user's driver process, where Spark
-delivers query progress; it reaches the journal through storage, like everything else.
+SparkSession, starts the query and a :class:`BatchWatchdog` for it. The listener and the
+watchdog run in the user's driver process, where Spark delivers query progress; they reach the
+journal and Spark's logs through storage, like everything else.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 import time
 import weakref
@@ -17,9 +19,14 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming.listener import StreamingQueryListener
 
+from oncekit.core.deadline import bounded
 from oncekit.core.engine import CheckpointEngine
+from oncekit.core.errors import ConfigError, QueryStuckError, StallError
 from oncekit.core.protocol import SinkConfig
 from oncekit.core.spark.writer import QueryRun
+from oncekit.core.spark_log import SparkLog
+from oncekit.core.stacks import process_stacks
+from oncekit.core.stalls import StallLog
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -29,6 +36,13 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 LAST_NOTIFICATION_WAIT_S = 60.0  # the listener's commit of the last batches; then the caller commits
+
+BATCH_TIMEOUT_CONF = "spark.oncekit.batchTimeoutSeconds"
+"""The session setting that gives every query started from it its batch deadline (seconds)."""
+DEFAULT_BATCH_TIMEOUT_S = 300.0
+DEFAULT_BATCH_TIMEOUT_TRIGGERS = 10
+STOP_S = 120.0
+"""How long a stalled query may take to stop before the driver process is declared stuck."""
 
 
 class CheckpointListener(StreamingQueryListener):
@@ -98,17 +112,139 @@ def listener(spark: SparkSession) -> CheckpointListener:
         return found
 
 
+class BatchWatchdog:
+    """Flink's checkpoint timeout, for one run of a query: a batch that Spark planned (its
+    ``offsets/N``) and did not commit (``commits/N``) within ``timeout_s``, or an active query
+    whose stream thread is gone, is a stall. The watchdog then logs where the driver's
+    processes wait (:func:`~oncekit.core.stacks.process_stacks`), records the stall beside the
+    checkpoint (:class:`~oncekit.core.stalls.StallLog`) and stops the query, so that
+    :meth:`OncekitQuery.await_termination` raises StallError and the restart strategy takes over;
+    a query that does not stop within :data:`STOP_S` raises QueryStuckError, which no restart
+    inside the process can mend. Started by :func:`start_query`; one daemon thread, which ends
+    with the query."""
+
+    def __init__(self, query: StreamingQuery, checkpoint: str, name: str, timeout_s: float) -> None:
+        self.query, self.checkpoint, self.name, self.timeout_s = query, checkpoint, name, timeout_s
+        self.stall: StallError | None = None
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name=f"oncekit-batch-watchdog {name}", daemon=True)
+
+    def start(self) -> BatchWatchdog:
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._done.set()
+
+    def _watch(self) -> None:
+        log = SparkLog(self.checkpoint)
+        every = min(max(self.timeout_s / 10, 0.5), 10.0)
+        pending: tuple[int, float] | None = None  # (planned, not committed batch; when first seen so)
+        threadless = 0
+        while not self._done.wait(every):
+            try:
+                if not self.query.isActive:
+                    return
+                planned, completed = log.latest_planned(), log.latest_completed()
+            except Exception as exc:  # noqa: BLE001 - a session going away, storage unreachable: look again
+                logger.debug("query %s: watchdog could not look: %s", self.name, exc)
+                continue
+            threadless = 0 if _stream_thread_alive(self.query) else threadless + 1
+            if threadless >= 2:
+                self._stalled(completed if completed is not None else -1, 0.0,
+                              f"query {self.name}: active, but Spark's stream execution thread is gone")
+                return
+            if planned is None or planned == completed:
+                pending = None
+                continue
+            if pending is None or pending[0] != planned:
+                pending = (planned, time.monotonic())
+                continue
+            waited = time.monotonic() - pending[1]
+            if waited > self.timeout_s:
+                self._stalled(planned, waited, f"query {self.name} batch {planned}: planned and not committed "
+                                               f"after {waited:.0f} s (batch timeout {self.timeout_s:.0f} s)")
+                return
+
+    def _stalled(self, batch: int, waited: float, message: str) -> None:
+        logger.error("%s; stopping the query for its restart strategy. Where the driver's processes wait:\n%s",
+                     message, process_stacks(os.getpid()))
+        try:
+            StallLog(self.checkpoint).record(batch, waited, message)
+        except OSError as exc:
+            logger.warning("query %s: could not record the stall: %s", self.name, exc)
+        self.stall = StallError(message)
+        try:
+            bounded(f"query {self.name}: stop after the stall", STOP_S, self.query.stop)
+        except StallError:
+            self.stall = QueryStuckError(f"{message}; the query did not stop within {STOP_S:.0f} s: restart the "
+                                         "driver process")
+            logger.error("%s", self.stall)
+        except Exception as exc:  # noqa: BLE001 - the query ended anyway
+            logger.info("query %s: stop after the stall: %s", self.name, exc)
+
+
+def _stream_thread_alive(query: StreamingQuery) -> bool:
+    """Whether Spark's stream execution thread of an active query is alive (True where the JVM
+    object cannot be reached, as in Spark Connect)."""
+    try:
+        return bool(query._jsq.streamingQuery().queryExecutionThread().isAlive())
+    except Exception:  # noqa: BLE001 - not a classic session, or the query object is gone
+        return True
+
+
+def batch_timeout_s(spark: SparkSession, trigger: dict[str, Any] | None, given: float | None) -> float:
+    """The batch deadline of a query: ``given``, else the session's :data:`BATCH_TIMEOUT_CONF`,
+    else 5 minutes or 10 triggers, whichever is longer."""
+    if given is None:
+        setting = spark.conf.get(BATCH_TIMEOUT_CONF, None)
+        if setting:
+            try:
+                given = float(setting)
+            except ValueError as exc:
+                raise ConfigError(f"{BATCH_TIMEOUT_CONF}={setting!r}: give a number of seconds") from exc
+    if given is not None:
+        if not given > 0:
+            raise ConfigError(f"batch timeout {given}: give a number of seconds above 0 (inf for none)")
+        return float(given)
+    interval = _seconds((trigger or {}).get("processingTime"))
+    return max(DEFAULT_BATCH_TIMEOUT_S, DEFAULT_BATCH_TIMEOUT_TRIGGERS * interval)
+
+
+_UNITS = {"ms": 0.001, "millisecond": 0.001, "s": 1.0, "sec": 1.0, "second": 1.0, "m": 60.0, "min": 60.0,
+          "minute": 60.0, "h": 3600.0, "hour": 3600.0}
+
+
+def _seconds(interval: Any) -> float:
+    """A processingTime interval ("500 milliseconds", "1 second", "2 minutes") in seconds; 0 for
+    none or what this does not read."""
+    match = re.fullmatch(r"(?:interval\s+)?([\d.]+)\s*([a-z]*)", str(interval or "").strip().lower())
+    if match is None:
+        return 0.0
+    unit = match[2] if match[2] in _UNITS else match[2].removesuffix("s")
+    return float(match[1]) * _UNITS.get(unit, 0.0)
+
+
 class OncekitQuery:
     """A started query whose ``stop`` and ``await_termination`` end with a synchronous
     checkpoint-complete notification, so that once they return, every completed checkpoint's
-    output is committed. Everything else is the StreamingQuery's own."""
+    output is committed, and whose stalls end it with StallError (:class:`BatchWatchdog`).
+    Everything else is the StreamingQuery's own."""
 
     def __init__(self, query: StreamingQuery, sink: SinkConfig, checkpoint: str,
-                 watcher: CheckpointListener | None = None) -> None:
+                 watcher: CheckpointListener | None = None, watchdog: BatchWatchdog | None = None) -> None:
         self.query, self.sink, self.checkpoint, self.watcher = query, sink, checkpoint, watcher
+        self.watchdog = watchdog
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.query, name)
+
+    def exception(self) -> Any:
+        """The query's error: a stall the watchdog ended it for, else Spark's own (None while
+        it runs or when it ended well)."""
+        if self.watchdog is not None and self.watchdog.stall is not None:
+            return self.watchdog.stall
+        return self.query.exception()
 
     def complete(self) -> list[int]:
         """Commit every journaled checkpoint that Spark logged as committed."""
@@ -127,16 +263,30 @@ class OncekitQuery:
         engine.complete()
 
     def stop(self) -> None:
+        if self.watchdog is not None:
+            self.watchdog.close()
         self.query.stop()
         self._stopped()
 
     def await_termination(self, timeout: float | None = None) -> bool:
-        """Like StreamingQuery.awaitTermination; raises the query's error if it failed."""
-        finished = self.query.awaitTermination(timeout) if timeout is not None else self.query.awaitTermination()  # type: ignore[arg-type]
-        if finished is None or finished:
-            self._stopped()
-            return True
-        return False
+        """Like StreamingQuery.awaitTermination; raises the query's error if it failed, and
+        StallError if the watchdog ended it (QueryStuckError if it would not end)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            wait = 1.0 if deadline is None else max(0.0, min(1.0, deadline - time.monotonic()))
+            finished = self.query.awaitTermination(wait)  # type: ignore[arg-type]  # pyspark takes float seconds
+            stall = self.watchdog.stall if self.watchdog is not None else None
+            if isinstance(stall, QueryStuckError):
+                raise stall
+            if finished is None or finished:
+                if self.watchdog is not None:
+                    self.watchdog.close()
+                self._stopped()
+                if stall is not None:
+                    raise stall
+                return True
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
 
 
 def start_query(
@@ -148,12 +298,16 @@ def start_query(
     query_name: str | None = None,
     output_mode: str = "append",
     notify: bool = True,
+    batch_timeout: float | None = None,
 ) -> OncekitQuery:
-    """Start ``frame`` into ``sink`` with checkpoint-complete notifications.
+    """Start ``frame`` into ``sink`` with checkpoint-complete notifications and a batch deadline.
 
     ``trigger`` takes DataStreamWriter.trigger's keywords (``{"availableNow": True}``).
     With ``notify=False`` no listener is attached (as with a plain ``format(...)`` query):
-    completion then reaches the sink when the next batch starts.
+    completion then reaches the sink when the next batch starts. ``batch_timeout`` (seconds;
+    default the session's ``spark.oncekit.batchTimeoutSeconds``, else 5 minutes or 10 triggers,
+    whichever is longer; ``float("inf")`` for none) is how long a planned batch may take to
+    commit before the query is stopped as stalled (:class:`BatchWatchdog`).
     """
     spark = frame.sparkSession
     spark.dataSource.register(sink.data_source())
@@ -166,8 +320,10 @@ def start_query(
         writer = writer.trigger(**trigger)
     if query_name:
         writer = writer.queryName(query_name)
+    timeout_s = batch_timeout_s(spark, trigger, batch_timeout)
     watcher = listener(spark) if notify else None
     query = writer.start()
     if watcher is not None:
         watcher.watch(str(query.id), sink, checkpoint)
-    return OncekitQuery(query, sink, checkpoint, watcher)
+    watchdog = BatchWatchdog(query, checkpoint, query_name or sink.sink_id, timeout_s).start()
+    return OncekitQuery(query, sink, checkpoint, watcher, watchdog)

@@ -94,6 +94,8 @@ function queryCard(query, snapshot) {
   card.append(el("h2", {}, "query " + query.name, " ", el("span", {class: "muted"}, query.checkpoint)));
   if (query.error) card.append(el("div", {class: "red"}, "checkpoint unreadable: " + query.error));
   const lastDone = [...query.batches].reverse().find(b => b.completed_at !== null);
+  const stalledLately = query.stalls_recent.length > 0
+    && snapshot.taken_at - query.stalls_recent[0].at < thresholds.stall_alert_s;
   card.append(el("div", {class: "figures"},
     figure("last planned batch", fmt(query.last_planned), {"data-testid": "last-planned"}),
     figure("last completed batch", fmt(query.last_completed), {"data-testid": "last-completed"}),
@@ -102,7 +104,9 @@ function queryCard(query, snapshot) {
     figure("records in last batch", lastDone ? fmt(lastDone.records) : "–"),
     figure("source lag (records)" + (query.lag_growing ? ", growing" : ""), fmt(query.lag_records),
            query.lag_growing ? {class: "figure red"} : {}),
-    figure("restarts", fmt(query.restarts.length))));
+    figure("restarts", fmt(query.restarts.length)),
+    figure("stalls", fmt(query.stalls), stalledLately ? {class: "figure red", "data-testid": "stalls"}
+                                                      : {"data-testid": "stalls"})));
   const charts = el("div", {class: "charts"});
   const durationHolder = el("div", {"data-testid": "duration-chart"});
   const lagHolder = el("div", {"data-testid": "lag-chart"});
@@ -150,6 +154,12 @@ function queryCard(query, snapshot) {
       el("td", {}, p.topic), el("td", {}, p.partition), el("td", {}, fmt(p.end_offset)), el("td", {}, fmt(p.stable_offset)),
       el("td", {}, fmt(p.planned_offset)), el("td", {}, fmt(p.completed_offset)),
       el("td", {class: query.lag_growing ? "red" : ""}, fmt(p.lag))))));
+  if (query.stalls_recent.length) {
+    card.append(el("h3", {}, "stalls (batch watchdog)"));
+    card.append(table(["at", "batch", "waited", "what"], query.stalls_recent.map(s =>
+      el("tr", {}, el("td", {}, new Date(s.at * 1000).toLocaleTimeString()), el("td", {}, s.batch),
+         el("td", {}, age(s.waited_s)), el("td", {}, s.message)))));
+  }
   if (query.restarts.length) {
     card.append(el("h3", {}, "restarts"));
     card.append(table(["at", "cause"], query.restarts.map(r =>

@@ -57,22 +57,26 @@ def test_randomized_campaign_every_fault_exactly_once(services: Services, pipeli
     text = record(report, pipeline, campaign_tables)
     assert report.passed, text
     assert [r.verdict for r in report.results] == ["exactly-once"] * FAULTS, text
-    # A pipeline that stops making progress (seen about every other CI run here, after a Kafka
-    # restart, waiting in the JVM with no Python worker running; cause not yet known) is killed
-    # and restarted by the campaign and must still be exactly-once; more than one is a failure.
-    assert sum(r.stalled for r in report.results) <= 1, text
+    assert not any(r.stalled for r in report.results), text  # live: every fault caught up within the window
     assert sum(r.fired for r in report.results) >= FAULTS * 0.8, text  # the faults really happened
 
 
-def test_fanout_campaign_one_query_two_sinks_each_exactly_once(services: Services, campaign_tables: list[str]) -> None:
+def test_fanout_campaign_one_query_two_sinks_each_exactly_once_and_live(services: Services,
+                                                                       campaign_tables: list[str]) -> None:
     """One query writes every record to a table (two-phase commit) and a topic (transactional)
-    through one checkpoint; each target is compared with the input on its own."""
-    faults = 6  # each fault restarts a driver that writes two sinks; the 20-fault campaigns above cover the schedule
+    through one checkpoint; each target is compared with the input on its own. The faults hit
+    running batches: the broker stopped and killed -9 (after which this pipeline sat with a
+    planned batch for minutes, 2 runs of 2, before the kit's markers left consumer groups),
+    PostgreSQL killed -9, the driver killed, a crash between the targets' commits."""
+    faults = [Fault("kafka-restart", delay_s=0.5, outage_s=3), Fault("kill", delay_s=1.5),
+              Fault("kafka-kill", delay_s=0.5, outage_s=3), Fault("postgres-kill", delay_s=0.5, outage_s=2),
+              Fault("crash", "mid_commit"), Fault("kafka-restart", delay_s=1.0, outage_s=6)]
     report = run_campaign("fan-out-postgres-kafka", services, faults, SEED)
     text = record(report, "fan-out-postgres-kafka", campaign_tables)
     assert report.passed, text
-    assert [r.verdict for r in report.results] == ["exactly-once"] * faults, text
-    assert sum(r.fired for r in report.results) >= faults * 0.8, text
+    assert [r.verdict for r in report.results] == ["exactly-once"] * len(faults), text
+    assert not any(r.stalled for r in report.results), text
+    assert all(r.fired for r in report.results), text
 
 
 def test_oncekit_verify_as_a_new_user(tmp_path: Path) -> None:

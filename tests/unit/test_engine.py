@@ -3,7 +3,7 @@ two-phase-commit sink (a fake is fine for pure logic; the real proof is in tests
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 

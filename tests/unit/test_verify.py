@@ -53,12 +53,14 @@ def test_table_names_fault_batch_recovery_and_verdict() -> None:
     assert "longest recovery 2.5 s" in text
 
 
-def test_table_names_stalled_faults() -> None:
+def test_stalled_fault_fails_the_report_and_the_table_names_it() -> None:
     report = _report("exactly-once", "exactly-once", "exactly-once")
     report.results[1] = dataclasses.replace(report.results[1], stalled=True)
-    assert "stalled (no progress until the deadline; the driver was killed and restarted" in table(report)
+    assert not report.passed  # exactly-once, but not live
+    assert "STALLED (not caught up within the catch-up window; the driver was killed and restarted" in table(report)
+    assert "exactly-once, STALL" in table(report).splitlines()[4]
     assert "fault 1" in table(report).splitlines()[-2]
-    assert "stalled" not in table(_report("exactly-once", "exactly-once"))
+    assert "STALL" not in table(_report("exactly-once", "exactly-once"))
 
 
 def test_fault_descriptions() -> None:
@@ -71,7 +73,13 @@ def test_fault_descriptions() -> None:
 def test_schedule_uses_only_the_points_a_sink_reaches() -> None:
     faults = schedule(3, 60, points=("task_before_write",), network_cuts=False)
     assert {f.point for f in faults if f.kind == "crash"} == {"task_before_write"}
-    assert {f.kind for f in faults} <= {"crash", "kill", "kafka-restart", "postgres-restart"}
+    assert {f.kind for f in faults} <= {"crash", "kill", "kafka-restart", "postgres-restart", "kafka-kill", "postgres-kill"}
+
+
+def test_service_faults_only_schedule_hits_only_the_services_the_pipeline_uses() -> None:
+    faults = schedule(3, 40, services_only=True, postgres=False)
+    assert {f.kind for f in faults} == {"kafka-restart", "kafka-kill", "kafka-cut"}
+    assert str(Fault("postgres-kill", outage_s=2)) == "postgres killed -9 2 s"
 
 
 def test_unknown_pipeline_is_a_config_error() -> None:

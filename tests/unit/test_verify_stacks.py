@@ -8,7 +8,8 @@ import sys
 import time
 from pathlib import Path
 
-from oncekit.verify.driver import DriverProcess, _process_tree
+from oncekit.core.stacks import process_tree
+from oncekit.verify.driver import DriverProcess
 
 
 def test_stacks_cover_the_driver_and_descendants_in_other_process_groups(tmp_path: Path) -> None:
@@ -17,9 +18,9 @@ def test_stacks_cover_the_driver_and_descendants_in_other_process_groups(tmp_pat
     process = subprocess.Popen([sys.executable, "-c", parent], start_new_session=True)
     try:
         deadline = time.monotonic() + 10
-        while len(_process_tree(process.pid)) < 2 and time.monotonic() < deadline:
+        while len(process_tree(process.pid)) < 2 and time.monotonic() < deadline:
             time.sleep(0.1)
-        tree = _process_tree(process.pid)
+        tree = process_tree(process.pid)
         assert len(tree) == 2 and tree[0] == process.pid
         stacks = DriverProcess("example", None, "", tmp_path / "driver.log", {}, process=process).stacks()  # type: ignore[arg-type]
         assert all(f"--- pid {pid} (" in stacks for pid in tree)

@@ -1,0 +1,64 @@
+"""The kit's own deadlines: a call that ignores its timeout ends in a named StallError, and the
+batch timeout a query gets."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from oncekit.core.deadline import bounded
+from oncekit.core.errors import ConfigError, QueryStuckError, StallError
+from oncekit.core.restart import restartable
+from oncekit.core.spark.query import BATCH_TIMEOUT_CONF, batch_timeout_s
+from oncekit.core.stalls import StallLog
+
+
+def test_bounded_call_that_never_returns_raises_stall_error_naming_the_step() -> None:
+    never = threading.Event()
+    started = time.monotonic()
+    with pytest.raises(StallError, match=r"sink s batch 3 partition 1: commit_transaction waited 0 s"):
+        bounded("sink s batch 3 partition 1: commit_transaction", 0.2, never.wait)
+    assert time.monotonic() - started < 2
+    never.set()
+
+
+def test_bounded_call_returns_its_result_or_raises_its_error() -> None:
+    assert bounded("x", 5, lambda a: a + 1, 1) == 2
+    with pytest.raises(ZeroDivisionError):
+        bounded("x", 5, lambda: 1 / 0)
+
+
+class _Session:
+    def __init__(self, **conf: str) -> None:
+        self.conf = self
+        self._conf = conf
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._conf.get(key, default)
+
+
+def test_batch_timeout_default_is_five_minutes_or_ten_triggers_whichever_is_longer() -> None:
+    assert batch_timeout_s(_Session(), {"processingTime": "1 second"}, None) == 300  # type: ignore[arg-type]
+    assert batch_timeout_s(_Session(), {"processingTime": "1 minute"}, None) == 600  # type: ignore[arg-type]
+    assert batch_timeout_s(_Session(), {"availableNow": True}, None) == 300  # type: ignore[arg-type]
+    assert batch_timeout_s(_Session(**{BATCH_TIMEOUT_CONF: "90"}), None, None) == 90  # type: ignore[arg-type]
+    assert batch_timeout_s(_Session(**{BATCH_TIMEOUT_CONF: "90"}), None, 30) == 30  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=BATCH_TIMEOUT_CONF):
+        batch_timeout_s(_Session(**{BATCH_TIMEOUT_CONF: "5 minutes"}), None, None)  # type: ignore[arg-type]
+
+
+def test_stall_restarts_the_query_but_a_stuck_query_stops_the_driver() -> None:
+    assert restartable(StallError("query q batch 3: planned and not committed"))
+    assert not restartable(QueryStuckError("query q: did not stop"))
+
+
+def test_stall_log_counts_every_stall_and_keeps_the_recent_ones(tmp_path: Any) -> None:
+    log = StallLog(str(tmp_path))
+    assert log.read() == (0, [])
+    for batch in range(25):
+        log.record(batch, 91.0, f"batch {batch}")
+    total, recent = log.read()
+    assert total == 25 and len(recent) == 20 and recent[0].batch == 24
