@@ -110,6 +110,32 @@ def _close(client: Any) -> None:
 CLIENTS = ClientPool()
 """The process's pool; the source's readers and planner and the Kafka sinks take from it."""
 
+# What a cluster answers while a broker restarts or a partition's leader moves: asking again
+# (after librdkafka refreshed its metadata) is the cure, not failing the task or the query.
+RETRIABLE = frozenset({KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN,
+                       KafkaError.LEADER_NOT_AVAILABLE, KafkaError.NOT_LEADER_FOR_PARTITION,
+                       KafkaError.FENCED_LEADER_EPOCH, KafkaError.UNKNOWN_LEADER_EPOCH,
+                       KafkaError.OFFSET_NOT_AVAILABLE, KafkaError.NOT_COORDINATOR,
+                       KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.COORDINATOR_LOAD_IN_PROGRESS})
+
+T = TypeVar("T")
+
+
+def retrying(what: str, call: Callable[[], T], timeout_s: float = 30.0) -> T:
+    """``call()``, asked again every half second while it fails with what a restarting broker or
+    a moving leader answers (:data:`RETRIABLE`, or an error librdkafka marks retriable), for up to
+    ``timeout_s``; then its last error is raised. ``what`` names the call in the log."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return call()
+        except KafkaException as exc:
+            error = exc.args[0]
+            if not (error.code() in RETRIABLE or error.retriable()) or time.monotonic() >= deadline:
+                raise
+            logger.info("%s: asking again after %s", what, error.str())
+            time.sleep(0.5)
+
 READ_AHEAD: Mapping[str, Any] = {
     # librdkafka stops fetching a partition once queued.min.messages (100,000) wait in the local
     # queue, and looks again only after fetch.queue.backoff.ms (1 s by default): a reader that
@@ -122,6 +148,16 @@ READ_AHEAD: Mapping[str, Any] = {
     "fetch.wait.max.ms": 100,
 }
 """Fetch settings for consumers that read records in bulk; see :meth:`KafkaConfig.consumer_settings`."""
+
+RECONNECT: Mapping[str, Any] = {
+    # librdkafka backs off between reconnects to a broker up to 10 s by default: a client that
+    # lived through a broker restart found it back up to 10 s late, and a batch that read or
+    # wrote through it waited that long (probe: 18-25 s from the broker's return to the next
+    # committed batch). 1 s bounds the wait; it costs a connection attempt a second while a
+    # broker is down.
+    "reconnect.backoff.max.ms": 1000,
+}
+"""Settings of every kit client, under the user's own (:meth:`KafkaConfig.settings`)."""
 
 _PROBE_LOG = client_log(__name__ + ".probe")  # a broker still starting refuses connections: expected
 
@@ -147,9 +183,9 @@ class KafkaConfig:
         return f"KafkaConfig(bootstrap_servers={self.bootstrap_servers!r}, client={redact_config(self.client)!r})"
 
     def settings(self, **extra: Any) -> dict[str, Any]:
-        """Settings for a confluent-kafka client: the shared ones plus ``extra`` (dots as in
-        librdkafka, given here with underscores, e.g. ``transactional_id``)."""
-        out: dict[str, Any] = {"bootstrap.servers": self.bootstrap_servers, **self.client}
+        """Settings for a confluent-kafka client: :data:`RECONNECT`, the shared ones, then
+        ``extra`` (dots as in librdkafka, given here with underscores, e.g. ``transactional_id``)."""
+        out: dict[str, Any] = {**RECONNECT, "bootstrap.servers": self.bootstrap_servers, **self.client}
         out.update({key.replace("_", "."): value for key, value in extra.items()})
         return out
 

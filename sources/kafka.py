@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from oncekit.connectors.kafka import CLIENTS, READ_AHEAD, KafkaConfig, check_access
+from oncekit.connectors.kafka import CLIENTS, READ_AHEAD, KafkaConfig, check_access, retrying
 from oncekit.connectors.redact import redact_config
 from oncekit.core.errors import ConfigError, DataLossError, OncekitError, SourceReadError
 
@@ -252,12 +252,19 @@ def _low_watermark(consumer: Consumer, topic: str, partition: int) -> int:
     """Where the partition's log starts. A long-lived consumer's metadata may predate a partition
     the driver has just planned (partitions added to the topic): then refresh it once."""
     try:
-        return int(consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)[0])
+        return int(_watermarks(consumer, topic, partition)[0])
     except KafkaException as exc:
         if exc.args[0].code() != KafkaError._UNKNOWN_PARTITION:
             raise
         consumer.list_topics(topic, timeout=30)
-        return int(consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)[0])
+        return int(_watermarks(consumer, topic, partition)[0])
+
+
+def _watermarks(consumer: Consumer, topic: str, partition: int) -> tuple[int, int]:
+    """(low, high) of one partition, asked again while a broker restarts or its leader moves, so
+    that a short broker outage delays the batch instead of failing the query."""
+    return retrying(f"{FORMAT}: watermarks of {topic}[{partition}]",
+                    lambda: consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30))
 
 
 def watermarks(options: KafkaSourceOptions) -> dict[tuple[str, int], tuple[int, int]]:
@@ -280,7 +287,7 @@ def watermarks(options: KafkaSourceOptions) -> dict[tuple[str, int], tuple[int, 
             if described is None or described.error is not None:
                 raise ConfigError(f"{FORMAT}: topic {topic!r} does not exist")
             for partition in sorted(described.partitions):
-                out[(topic, partition)] = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
+                out[(topic, partition)] = _watermarks(consumer, topic, partition)
         return out
 
 

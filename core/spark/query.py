@@ -273,7 +273,8 @@ class OncekitQuery:
         StallError if the watchdog ended it (QueryStuckError if it would not end)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            wait = 1.0 if deadline is None else max(0.0, min(1.0, deadline - time.monotonic()))
+            # Spark refuses a timeout under 1 ms ("Timeout has to be positive"), failing the query.
+            wait = 1.0 if deadline is None else max(0.01, min(1.0, deadline - time.monotonic()))
             finished = self.query.awaitTermination(wait)  # type: ignore[arg-type]  # pyspark takes float seconds
             stall = self.watchdog.stall if self.watchdog is not None else None
             if isinstance(stall, QueryStuckError):

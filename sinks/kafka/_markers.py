@@ -41,7 +41,7 @@ from typing import Any
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewPartitions, NewTopic  # type: ignore[attr-defined]
 
-from oncekit.connectors.kafka import CLIENTS, KafkaConfig, client_log
+from oncekit.connectors.kafka import CLIENTS, RETRIABLE, KafkaConfig, client_log
 from oncekit.connectors.wait import wait_until
 from oncekit.core.deadline import bounded
 from oncekit.core.errors import ConfigError, ServiceError, UnsettledMarkerError
@@ -61,9 +61,6 @@ TOPIC_CONFIG = {"cleanup.policy": "compact", "segment.bytes": str(16 * 1024 * 10
 small segments, so the compaction that bounds its size runs soon."""
 
 _MARKER_KEY, _OWNER_KEY = b"batch", b"owner"
-_RETRIABLE_READ = (KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError.LEADER_NOT_AVAILABLE,
-                   KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.FENCED_LEADER_EPOCH, KafkaError._UNKNOWN_PARTITION, KafkaError.UNKNOWN_TOPIC_OR_PART,
-                   KafkaError._ALL_BROKERS_DOWN, KafkaError.OFFSET_NOT_AVAILABLE)
 _CLIENT_LOG = client_log(__name__ + ".librdkafka")
 
 _partitions_seen: dict[str, int] = {}  # marker topic: partitions this process knows exist
@@ -262,7 +259,11 @@ class MarkerLog:
                         f"after {settle_s:.0f} s")
                 time.sleep(0.05)
             except KafkaException as exc:
-                if exc.args[0].code() not in _RETRIABLE_READ or time.monotonic() > deadline:
+                # An unknown partition: the topic grew since this consumer's metadata; the pool
+                # closed that consumer, and the next one asks afresh.
+                again = exc.args[0].code() in RETRIABLE or exc.args[0].retriable() \
+                    or exc.args[0].code() == KafkaError._UNKNOWN_PARTITION
+                if not again or time.monotonic() > deadline:
                     raise
                 logger.info("kafka sink %s: marker read from %s[%s] again: %s", self.sink_id, self.topic, partition,
                             exc.args[0].str())
