@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from oncekit.connectors.kafka import CLIENTS, READ_AHEAD, KafkaConfig, check_access, retrying
+from oncekit.connectors.kafka import CLIENTS, READ_AHEAD, RECONNECT, KafkaConfig, check_access, retrying
 from oncekit.connectors.redact import redact_config
 from oncekit.core.errors import ConfigError, DataLossError, OncekitError, SourceReadError
 
@@ -113,11 +113,14 @@ class KafkaSourceOptions:
     def consumer(self, **extra: Any) -> Consumer:
         """A new consumer with these client settings; assign() only, it never joins a group."""
         return Consumer({
+            **RECONNECT,
             **READ_AHEAD,
             "group.id": "oncekit-source",  # required by librdkafka; assign() never joins the group
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
             "enable.partition.eof": False,
+            # An offset the log no longer holds is an error to see (data loss), never a jump.
+            "auto.offset.reset": "error",
             **self.client,  # the user's settings win over ours
             **extra,
         })
@@ -185,20 +188,19 @@ class KafkaPartitionReader:
                 consumer.unassign()  # the next task assigns afresh; position() is -1001 until it fetches
 
     def _read(self, consumer: Consumer, topic: str, partition: int, start: int, end: int) -> Iterator[pa.RecordBatch]:
-        low = _low_watermark(consumer, topic, partition)
-        if start < low:
-            lost = f"{FORMAT}: topic {topic} partition {partition}: offsets {start}..{min(low, end) - 1} are gone (log starts at {low})"
-            if self.options.fail_on_data_loss:
-                raise DataLossError(lost + "; set failOnDataLoss=false to skip them")
-            logger.warning("%s; skipped", lost)
-            start = low
-            if start >= end:
-                return
         consumer.assign([TopicPartition(topic, partition, start)])
         position = start
         deadline = time.monotonic() + self.options.poll_timeout_s
         while position < end:
             messages = consumer.consume(num_messages=min(self.options.batch_size, end - position), timeout=self.POLL_S)
+            error = messages[0].error() if messages else None
+            if error is not None and error.code() == KafkaError._AUTO_OFFSET_RESET:
+                # The log does not hold the offset (auto.offset.reset=error): only now ask where it starts.
+                start = position = self._skip_lost(consumer, topic, partition, position, end)
+                if position >= end:
+                    return
+                consumer.assign([TopicPartition(topic, partition, position)])
+                continue
             if messages:
                 batch = self._to_arrow(topic, partition, messages, end)
                 if batch.num_rows:
@@ -212,6 +214,22 @@ class KafkaPartitionReader:
                     f"{FORMAT}: topic {topic} partition {partition}: stuck at offset {position} "
                     f"before {end} for {self.options.poll_timeout_s:.0f} s"
                 )
+
+    def _skip_lost(self, consumer: Consumer, topic: str, partition: int, position: int, end: int) -> int:
+        """Where to read on from when the log no longer holds ``position`` (retention deleted
+        it, or the topic was recreated): DataLossError, or with ``failOnDataLoss=false`` a
+        warning and the log's first offset."""
+        low, high = _watermarks(consumer, topic, partition)
+        if position < low:
+            lost = f"{FORMAT}: topic {topic} partition {partition}: offsets {position}..{min(low, end) - 1} are gone (log starts at {low})"
+        else:
+            lost = (f"{FORMAT}: topic {topic} partition {partition}: offset {position} is beyond the log's end {high} "
+                    "(topic recreated?)")
+            low = end
+        if self.options.fail_on_data_loss:
+            raise DataLossError(lost + "; set failOnDataLoss=false to skip them")
+        logger.warning("%s; skipped", lost)
+        return low
 
     def _to_arrow(self, topic: str, partition: int, messages: list[Any], end: int) -> pa.RecordBatch:
         """The messages before ``end`` as one Arrow batch. librdkafka hands out one object per
@@ -246,18 +264,6 @@ class KafkaPartitionReader:
                                     header_type))
             names.append("headers")
         return pa.RecordBatch.from_arrays(columns, names=names)
-
-
-def _low_watermark(consumer: Consumer, topic: str, partition: int) -> int:
-    """Where the partition's log starts. A long-lived consumer's metadata may predate a partition
-    the driver has just planned (partitions added to the topic): then refresh it once."""
-    try:
-        return int(_watermarks(consumer, topic, partition)[0])
-    except KafkaException as exc:
-        if exc.args[0].code() != KafkaError._UNKNOWN_PARTITION:
-            raise
-        consumer.list_topics(topic, timeout=30)
-        return int(_watermarks(consumer, topic, partition)[0])
 
 
 def _watermarks(consumer: Consumer, topic: str, partition: int) -> tuple[int, int]:

@@ -373,10 +373,12 @@ class KafkaSinkBase:
                 producer = self.take_producer(transactional_id, fresh=True)
                 result = attempt(producer)
         except KafkaException as exc:
-            gone = exc.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART or "Unknown topic" in exc.args[0].str()
+            # A commit that failed for records names them only in their delivery reports.
+            text = exc.args[0].str() + (f" ({producer.failures[0]})" if producer.failures else "")
+            gone = exc.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART or "Unknown topic" in text
             hint = (f"; topic {self.config.topic} is gone (deleted while the query ran?): restart the query, whose "
                     "preflight creates it again, and the batch is replayed") if gone else ""
-            raise OncekitError(f"{where}: transaction {transactional_id} failed: {exc.args[0].str()}{hint}") from exc
+            raise OncekitError(f"{where}: transaction {transactional_id} failed: {text}{hint}") from exc
         self.give_producer(transactional_id, producer)
         return result
 
