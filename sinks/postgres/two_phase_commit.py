@@ -36,12 +36,43 @@ class PostgresTwoPhaseCommitSink(PostgresSinkBase, TwoPhaseCommitSink["_Prepared
         super().preflight(resumed)
 
     def _create_tables(self, conn: psycopg.Connection[Any]) -> None:
-
         super()._create_tables(conn)
+        markers = identifier(in_schema_of(self.config.table, MARKER_TABLE))
         conn.execute(sql.SQL(
             "CREATE TABLE IF NOT EXISTS {} (transaction_id text PRIMARY KEY, sink_id text NOT NULL, batch_id bigint NOT NULL, "
-            "partition_id int NOT NULL, attempt int NOT NULL, rows bigint NOT NULL, prepared_at timestamptz NOT NULL DEFAULT now())"
-        ).format(identifier(in_schema_of(self.config.table, MARKER_TABLE))))
+            "partition_id int NOT NULL, attempt bigint NOT NULL, rows bigint NOT NULL, prepared_at timestamptz NOT NULL DEFAULT now())"
+        ).format(markers))
+        if not self._attempt_is_bigint(conn):
+            self._migrate_attempt(conn, markers)
+
+    def _attempt_is_bigint(self, conn: psycopg.Connection[Any]) -> bool:
+        """Whether the marker table's ``attempt`` column holds Spark's 64-bit task attempt ids
+        (tables made before this kit version have ``int``, which fails past 2^31). Asked once
+        per process."""
+        table = in_schema_of(self.config.table, MARKER_TABLE)
+        if table not in _BIGINT_ATTEMPT:
+            row = conn.execute("SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = %s::regclass "
+                               "AND attname = 'attempt'", (table,)).fetchone()
+            _BIGINT_ATTEMPT[table] = row is not None and row[0] == "bigint"
+        return _BIGINT_ATTEMPT[table]
+
+    def _migrate_attempt(self, conn: psycopg.Connection[Any], markers: sql.Composable) -> None:
+        """Driver, preflight: ``attempt`` int -> bigint. The ALTER needs the table to itself, and a
+        prepared transaction holds its lock until it is finished (recovery finishes this sink's
+        right after the preflight; another query's may hold it any time), so it waits 3 s at
+        most and is tried again at the next start; until then markers keep the attempt's low
+        31 bits (the transaction id, which recovery reads, keeps all of it)."""
+        table = in_schema_of(self.config.table, MARKER_TABLE)
+        try:
+            with conn.transaction():
+                conn.execute("SET LOCAL lock_timeout = '3s'")
+                conn.execute(sql.SQL("ALTER TABLE {} ALTER COLUMN attempt TYPE bigint").format(markers))
+            _BIGINT_ATTEMPT[table] = True
+            logger.warning("sink %s: marker table %s migrated: attempt is bigint", self.sink_id, table)
+        except psycopg.errors.LockNotAvailable:
+            logger.warning("sink %s: marker table %s has attempt int (fails past 2^31 task attempts); its migration "
+                           "to bigint waits for prepared transactions to finish and is tried at the next start",
+                           self.sink_id, table)
 
     def begin_transaction(self, task: TaskInfo) -> _PreparedTransaction:
         conn = self.take_connection(autocommit=True)
@@ -70,10 +101,11 @@ class PostgresTwoPhaseCommitSink(PostgresSinkBase, TwoPhaseCommitSink["_Prepared
         task, conn = transaction.task, transaction.conn
         try:
             rows = transaction.writer.finish()
+            attempt = task.attempt if task.attempt < 2**31 or self._attempt_is_bigint(conn) else task.attempt % 2**31
             conn.execute(
                 sql.SQL("INSERT INTO {} (transaction_id, sink_id, batch_id, partition_id, attempt, rows) "
                         "VALUES (%s, %s, %s, %s, %s, %s)").format(identifier(in_schema_of(self.config.table, MARKER_TABLE))),
-                (task.transaction_id, task.sink_id, task.batch_id, task.partition_id, task.attempt, rows),
+                (task.transaction_id, task.sink_id, task.batch_id, task.partition_id, attempt, rows),
             )
             with conn.cursor() as cur:
                 try:
@@ -164,6 +196,9 @@ class PostgresTwoPhaseCommitSink(PostgresSinkBase, TwoPhaseCommitSink["_Prepared
         ids = [(gid, TransactionId.parse(gid)) for gid in found]
         return [Committable(self.sink_id, t.batch_id, t.partition_id, t.attempt, 0, transaction_id=gid)
                 for gid, t in ids if t is not None and t.sink_id == self.sink_id and (wanted is None or t.batch_id in wanted)]
+
+
+_BIGINT_ATTEMPT: dict[str, bool] = {}  # marker table: whether its attempt column is bigint (per process)
 
 
 @dataclass
