@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from oncekit.core.protocol import Committable, Sink, SinkConfig, SinkOwner, TaskInfo
 from oncekit.core.crash import crash_point
+from oncekit.core.errors import CommitError
 from oncekit.core.journal import Journal
 from oncekit.core.spark_log import SparkLog
 
@@ -81,23 +82,42 @@ class CheckpointEngine:
 
     def checkpoint(self, batch_id: int, committables: Sequence[Committable], listener: bool = False) -> None:
         """Driver, in the stream writer's commit for ``batch_id``, before Spark's commit log:
-        catch up on earlier completed checkpoints, journal this one, drop lost attempts, forget
-        what no recovery can need any more (:meth:`_prune`). A batch
-        with nothing to commit later is journaled too: its checkpoint-complete notification is
-        still the sink's to hear (and the crash points' to test).
+        catch up on earlier completed checkpoints, journal this one, abort what lost attempts
+        left open (of this batch, and strays of earlier ones: a killed task on a slow executor
+        can prepare after its batch's sweep), forget what no recovery can need any more
+        (:meth:`_prune`). A batch with nothing to commit later is journaled too: its
+        checkpoint-complete notification is still the sink's to hear (and the crash points' to
+        test). Refuses to journal a committable that is no longer held open (CommitError).
 
         With a ``listener``, the previous batch is left to it: it is most likely committing
         that batch right now, and two committers of one batch fence each other (Kafka) or wait
         on each other's locks (PostgreSQL). The catch-up then reaches only the batch before."""
         self.complete(batch_id - (2 if listener else 1))
+        held = [c for c in self.sink.leftovers() if c.batch_id <= batch_id]
+        missing = sorted(c.name for c in committables if c.key not in {h.key for h in held})
+        if missing:
+            # Journaled, they could never be committed, and Spark would log the batch complete
+            # without them: its output for those partitions would be lost.
+            raise CommitError(
+                f"sink {self.sink.sink_id} batch {batch_id}: pre-committed {', '.join(missing)} no longer held before the "
+                "checkpoint (another attempt of the task aborted it: spark.speculation, or a stage retried while "
+                "the old attempt still ran); nothing of the batch is journaled, so it fails and is replayed")
         self.journal.write(batch_id, committables)
         logger.info("sink %s batch %s: journaled %s committables", self.sink.sink_id, batch_id, len(committables))
         crash_point("driver_after_journal", batch_id)
-        kept = {c.key for c in committables}
-        lost = [c for c in self.sink.leftovers([batch_id]) if c.key not in kept]
-        if lost:
-            self.sink.abort_batch(batch_id, lost)
         journaled, done = self.journal.entries()
+        for held_batch in sorted({c.batch_id for c in held}):
+            # What a journal entry names stays (the listener or the catch-up commits it, maybe
+            # right now); anything else held open is an attempt no journal names.
+            try:
+                named = committables if held_batch == batch_id else \
+                    self.journal.read(held_batch) if held_batch in journaled else []
+            except FileNotFoundError:
+                continue  # pruned meanwhile: committed; look again at the next batch
+            kept = {c.key for c in named}
+            lost = [c for c in held if c.batch_id == held_batch and c.key not in kept]
+            if lost:
+                self.sink.abort_batch(held_batch, lost)
         self._prune(self.spark_log.completed(), journaled, done)  # recovery runs once per query start
 
     def abort(self, batch_id: int, committables: Sequence[Committable]) -> None:
@@ -121,13 +141,13 @@ class CheckpointEngine:
         candidates = sorted(b for b in journaled - done if up_to is None or b <= up_to)
         if not candidates:
             return []
-        completed = self.spark_log.completed()
-        return [b for b in candidates if b in completed]
+        return [b for b in candidates if _complete(b, self.spark_log.completed())]
 
     def recover(self) -> RecoveryReport:
         """Driver, in the first stream writer of a query run (see :class:`~oncekit.core.spark.writer.QueryRun`).
 
-        - journaled batches Spark logged as committed: committed (recover_and_commit);
+        - journaled batches Spark logged as committed (or a later one: :func:`_complete`):
+          committed (recover_and_commit);
         - journaled batches Spark did not log: aborted and forgotten (Spark re-runs them);
         - open transactions or staged files no journal names: aborted, unless they belong to the
           newest planned batch while it is still running (its driver commit is about to come).
@@ -139,7 +159,7 @@ class CheckpointEngine:
         named: set[tuple[str, str]] = set()
         for batch_id in sorted(journaled - done):
             committables = self.journal.read(batch_id)
-            if batch_id in completed:
+            if _complete(batch_id, completed):
                 self._commit(batch_id, committables)
                 report.committed_batches.append(batch_id)
                 named.update(c.key for c in committables)
@@ -180,6 +200,14 @@ class CheckpointEngine:
         if forgotten:
             self.journal.sweep(oldest)
             self.sink.forget(min([oldest, *(journaled - done)]))
+
+
+def _complete(batch_id: int, completed: set[int]) -> bool:
+    """Whether Spark completed ``batch_id``: its commit file, or one of a later batch. Spark runs
+    batches in order and purges old commit files (``minBatchesToRetain``); a journaled batch whose
+    notification failed until its file was purged is complete all the same, and aborting it
+    would lose its output."""
+    return bool(completed) and batch_id <= max(completed)
 
 
 def _alive(owner: SinkOwner) -> bool:

@@ -95,6 +95,54 @@ def test_recovery_aborts_leftover_of_failed_attempt_but_not_running_batch(
     assert ids_in(postgres_dsn, unique_name) == [1]
 
 
+def test_attempt_aborted_by_a_second_attempt_fails_the_checkpoint_before_the_journal(
+    engine: CheckpointEngine, postgres_dsn: str, unique_name: str, tmp_path: Path
+) -> None:
+    """Two attempts of one partition at once (spark.speculation, or a stage retried while the
+    old attempt still runs): the second aborts what the first prepared, and the first reports
+    success all the same. Journaled, its committable could never commit and Spark would log the
+    batch complete without its rows; the driver's commit fails instead, and the replay is
+    exactly-once."""
+    sink_id = engine.sink.sink_id
+    spark_logged(tmp_path, planned=[0], committed=[])
+    first = write(engine, TaskInfo(sink_id, 0, 0, 1), iter([rows([1, 2])]))
+    write(engine, TaskInfo(sink_id, 0, 0, 2), iter([rows([1, 2])]))  # the second attempt, which Spark ignores
+    with pytest.raises(CommitError, match=rf"batch 0: pre-committed {first.transaction_id} no longer held"):
+        engine.checkpoint(0, [first])
+    assert engine.journal.entries() == (set(), set())
+    engine.abort(0, [first])  # Spark gives up on the batch; the restart replays it
+    replay = write(engine, TaskInfo(sink_id, 0, 0, 3), iter([rows([1, 2])]))
+    engine.checkpoint(0, [replay])
+    spark_logged(tmp_path, planned=[0], committed=[0])
+    engine.complete()
+    assert ids_in(postgres_dsn, unique_name) == [1, 2]
+    assert prepared(postgres_dsn, sink_id) == []
+
+
+def test_stray_prepared_by_hand_for_an_earlier_batch_is_gone_after_the_next_driver_commit(
+    engine: CheckpointEngine, postgres_dsn: str, unique_name: str, tmp_path: Path
+) -> None:
+    """A killed task on a slow executor can PREPARE after its batch's sweep; it holds locks, a
+    max_prepared_transactions slot and vacuum until someone aborts it: the next driver commit
+    does, and leaves what the listener has yet to commit."""
+    sink_id = engine.sink.sink_id
+    for batch_id in range(4):
+        engine.checkpoint(batch_id, [write(engine, TaskInfo(sink_id, batch_id, 0, batch_id), iter([rows([batch_id])]))],
+                          listener=True)
+        spark_logged(tmp_path, planned=list(range(batch_id + 1)), committed=list(range(batch_id + 1)))
+    stray = f"oncekit:{sink_id}:1:0:999"
+    with psycopg.connect(postgres_dsn) as conn:
+        conn.execute(f"INSERT INTO {unique_name} VALUES (99, 'stray')")
+        conn.execute(f"PREPARE TRANSACTION '{stray}'")
+    assert stray in prepared(postgres_dsn, sink_id)
+    engine.checkpoint(4, [write(engine, TaskInfo(sink_id, 4, 0, 4), iter([rows([4])]))], listener=True)
+    held = prepared(postgres_dsn, sink_id)
+    assert stray not in held and len(held) == 2  # batches 3 and 4: the listener's to commit
+    spark_logged(tmp_path, planned=list(range(5)), committed=list(range(5)))
+    engine.complete()
+    assert ids_in(postgres_dsn, unique_name) == [0, 1, 2, 3, 4]
+
+
 def test_commit_is_idempotent_and_vanished_id_without_marker_is_error(
     engine: CheckpointEngine, postgres_dsn: str
 ) -> None:

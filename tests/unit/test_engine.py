@@ -97,8 +97,8 @@ def test_notification_for_later_batch_completes_skipped_ones(engine: CheckpointE
 
 def test_recover_commits_completed_aborts_incomplete_and_orphans(engine: CheckpointEngine, tmp_path: Path) -> None:
     engine.checkpoint(0, [prepare(engine, 0, 0)])
-    orphan = prepare(engine, 0, 1, attempt=7)  # a failed attempt of batch 0 that prepared
     engine.checkpoint(1, [prepare(engine, 1, 0)])
+    orphan = prepare(engine, 0, 1, attempt=7)  # a failed attempt of batch 0 that prepared after the driver's sweeps
     running = prepare(engine, 2, 0)             # batch 2 is running: its driver commit may come
     spark_logged(tmp_path, "offsets", 0, 1, 2)
     spark_logged(tmp_path, "commits", 0)
@@ -117,6 +117,19 @@ def test_driver_commit_aborts_lost_attempts_of_its_batch(engine: CheckpointEngin
     engine.checkpoint(0, [kept])
     assert sink_of(engine).aborted == [lost.transaction_id]
     assert list(sink_of(engine).prepared) == [kept.transaction_id]
+
+
+def test_driver_commit_aborts_strays_of_earlier_batches_but_not_what_their_journal_names(
+        engine: CheckpointEngine, tmp_path: Path) -> None:
+    """A killed task on a slow executor can prepare after its batch's sweep: the next driver
+    commit aborts it, and leaves what a journaled, not yet committed batch holds."""
+    pending = prepare(engine, 0, 0)
+    engine.checkpoint(0, [pending], listener=True)  # batch 0: the listener's to commit, not yet
+    stray = prepare(engine, 0, 1, attempt=9)
+    unjournaled = prepare(engine, 1, 1, attempt=3)  # batch 1 never reached its driver commit
+    engine.checkpoint(2, [prepare(engine, 2, 0)], listener=True)
+    assert sorted(sink_of(engine).aborted) == sorted([stray.transaction_id, unjournaled.transaction_id])
+    assert pending.transaction_id in sink_of(engine).prepared
 
 
 def test_driver_commit_with_a_listener_leaves_the_previous_batch_to_it(engine: CheckpointEngine, tmp_path: Path) -> None:
@@ -237,3 +250,15 @@ def test_engine_imports_without_spark() -> None:
                "print('pyspark' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
+
+
+def test_recover_commits_a_journaled_batch_whose_commit_file_spark_purged(engine: CheckpointEngine, tmp_path: Path) -> None:
+    """Spark keeps ``minBatchesToRetain`` commit files: a batch whose notification kept failing
+    until its file was purged is still complete (a later batch's file says so), never aborted."""
+    late = prepare(engine, 3, 0)
+    engine.checkpoint(3, [late])
+    spark_logged(tmp_path, "offsets", 5, 6)
+    spark_logged(tmp_path, "commits", 5)  # 3 and 4 purged
+    report = engine.recover()
+    assert report.committed_batches == [3] and report.aborted_batches == []
+    assert sink_of(engine).committed == [late.transaction_id]
