@@ -121,6 +121,10 @@ class FanOutSink(Sink):
         self.config, self.sink_id, self.targets = config, config.sink_id, dict(targets)
         self._by_sink_id = {sink.sink_id: sink for sink in self.targets.values()}
 
+    @property
+    def commits_in_task(self) -> bool:
+        return any(sink.commits_in_task for sink in self.targets.values())
+
     def preflight(self, resumed: bool = False) -> None:
         for sink in self.targets.values():
             sink.preflight(resumed)

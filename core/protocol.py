@@ -137,6 +137,12 @@ class Sink(ABC):
     guarantee: ClassVar[DeliveryGuarantee] = DeliveryGuarantee.EXACTLY_ONCE
     sink_id: str
 
+    @property
+    def commits_in_task(self) -> bool:
+        """Whether a task makes its writes final itself (a task-commit sink, or a fan-out with
+        one): then a task whose input Spark cut short must commit nothing."""
+        return False
+
     def preflight(self, resumed: bool = False) -> None:
         """Driver, once per query start: check the target (tables, server settings) and raise a
         ConfigError that says what to fix. ``resumed``: this checkpoint has run the sink before,
@@ -318,6 +324,10 @@ class TaskCommitSink(Sink):
     partition); a replayed batch finds the marker and writes nothing."""
 
     protocol = "transactional"
+
+    @property
+    def commits_in_task(self) -> bool:
+        return True
 
     @abstractmethod
     def commit_task(self, task: TaskInfo, batches: Iterator[pa.RecordBatch]) -> int:

@@ -193,6 +193,21 @@ def _stream_thread_alive(query: StreamingQuery) -> bool:
         return True
 
 
+def refuse_speculation(spark: SparkSession, sink: SinkConfig) -> None:
+    """Called by :func:`start_query`: with ``spark.speculation`` a second attempt of a task runs
+    beside the first, and a two-phase-commit attempt aborts what an earlier attempt of its
+    partition left prepared, which may be the attempt Spark keeps; the driver then fails the
+    batch rather than journal it (see CheckpointEngine.checkpoint), but a loser that aborts right
+    after the journal is written would lose the winner's rows. So speculation is refused."""
+    try:
+        speculation = str(spark.conf.get("spark.speculation", "false")).strip().lower()
+    except Exception:  # noqa: BLE001 - a session that cannot say (Spark Connect): nothing to refuse
+        return
+    if speculation == "true":
+        raise ConfigError(f"sink {sink.sink_id}: spark.speculation=true runs two attempts of a task at once, which "
+                          "exactly-once sinks cannot share a partition with; set spark.speculation=false")
+
+
 def batch_timeout_s(spark: SparkSession, trigger: dict[str, Any] | None, given: float | None) -> float:
     """The batch deadline of a query: ``given``, else the session's :data:`BATCH_TIMEOUT_CONF`,
     else 5 minutes or 10 triggers, whichever is longer."""
@@ -311,6 +326,7 @@ def start_query(
     commit before the query is stopped as stalled (:class:`BatchWatchdog`).
     """
     spark = frame.sparkSession
+    refuse_speculation(spark, sink)
     spark.dataSource.register(sink.data_source())
     if "://" not in checkpoint and not checkpoint.startswith("file:"):
         checkpoint = os.path.abspath(checkpoint)

@@ -14,6 +14,7 @@ started with a plain ``format(...)`` has none, and every writer recovers.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import struct
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import pyspark
 from pyspark import TaskContext
 from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, DataSourceStreamWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
@@ -104,6 +106,7 @@ class EngineStreamWriter(DataSourceStreamArrowWriter):
         engine = self._engine()
         if run.token is None:  # a plain format(...) query: every writer recovers
             if (config.sink_id, checkpoint) not in _preflighted:
+                refuse_unchecked_input(config.sink_id, engine.sink.commits_in_task, pyspark.__version__)
                 engine.preflight()
                 _preflighted.add((config.sink_id, checkpoint))
             _recover(engine)
@@ -113,6 +116,7 @@ class EngineStreamWriter(DataSourceStreamArrowWriter):
         # scan a batch and race the listener's commit of the newest batch.
         started = (config.sink_id, checkpoint, run.token)
         if started not in _started_runs and engine.journal.run() != run.token:
+            refuse_unchecked_input(config.sink_id, engine.sink.commits_in_task, pyspark.__version__)
             engine.preflight()
             _recover(engine)
             engine.journal.start_run(run.token)
@@ -137,7 +141,8 @@ class EngineStreamWriter(DataSourceStreamArrowWriter):
         # taskAttemptId, unlike attemptNumber, differs between a killed task still finishing in the
         # background and the attempt that replaces it, so their transactions never share a name.
         task = TaskInfo(self.config.sink_id, int(batch), context.partitionId(), context.taskAttemptId())
-        return EngineCommitMessage(self._engine().write_task(task, whole_input(iterator, task)))
+        engine = self._engine()
+        return EngineCommitMessage(engine.write_task(task, whole_input(iterator, task, engine.sink.commits_in_task)))
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Driver: every task succeeded; journal the batch before Spark logs it as committed."""
@@ -165,17 +170,20 @@ def _recover(engine: CheckpointEngine) -> None:
                        report.aborted_batches, report.aborted_leftovers)
 
 
-def whole_input(batches: Iterator[pa.RecordBatch], task: TaskInfo) -> Iterator[pa.RecordBatch]:
+def whole_input(batches: Iterator[pa.RecordBatch], task: TaskInfo, required: bool = True) -> Iterator[pa.RecordBatch]:
     """The task's input, ending only where Spark ended it: raises TaskInputCutError instead.
 
     Why: when Spark kills a task (another task of the stage failed, the query stops), or what
     feeds it fails, the JVM shuts the worker's input down without finishing it; Arrow reads that
     end at a message boundary as a clean end of stream, and a sink that commits in the task
     (transactional Kafka) would commit part of its partition. The JVM writes END_OF_STREAM right
-    after a whole input, so the worker's socket tells the two apart."""
+    after a whole input, so the worker's socket tells the two apart. Where the socket cannot be
+    found, a sink that commits in the task (``required``) fails the task rather than commit
+    unchecked; the others are safe without the check (a cut task's pre-commit is never
+    journaled)."""
     yield from batches
     where = f"sink {task.sink_id} batch {task.batch_id} partition {task.partition_id}"
-    if not _spark_sent_end_of_stream(where):
+    if not _spark_sent_end_of_stream(where, required):
         # Logged as well as raised: when Spark killed the task, it drops the task's error unread.
         logger.warning("%s: task input cut short by Spark; committing nothing of this attempt", where)
         raise TaskInputCutError(f"{where}: Spark stopped sending the task's input before its end (task killed, or "
@@ -185,16 +193,46 @@ def whole_input(batches: Iterator[pa.RecordBatch], task: TaskInfo) -> Iterator[p
 _warned_unchecked = False
 
 
-def _spark_sent_end_of_stream(where: str) -> bool:
+def end_of_input_checkable() -> str | None:
+    """Driver, at query start: None when pyspark's worker looks as :func:`whole_input` expects
+    (``pyspark.worker.main`` reads the task from a local ``infile``), else what is different.
+    A changed pyspark, a vendor runtime or ``spark.python.worker.module`` can each make it so."""
+    try:
+        from pyspark import worker
+    except ImportError as exc:
+        return f"pyspark.worker does not import ({exc})"
+    main = getattr(worker, "main", None)
+    code = getattr(inspect.unwrap(main), "__code__", None) if main is not None else None  # under pyspark's faulthandler wrapper
+    if code is None or not code.co_filename.endswith(_WORKER_MAIN) or "infile" not in code.co_varnames:
+        return "pyspark.worker.main has no local 'infile'"
+    return None
+
+
+def refuse_unchecked_input(sink_id: str, commits_in_task: bool, spark_version: str) -> None:
+    """Driver, at query start: a sink that commits in the task needs the end-of-input check
+    (:func:`whole_input`); refuse it where the check cannot work."""
+    problem = end_of_input_checkable()
+    if commits_in_task and problem is not None:
+        raise ConfigError(
+            f"sink {sink_id}: this pyspark ({spark_version}) is not one whose task input the kit can check to its end "
+            f"({problem}), so a killed task could commit part of its partition; use the write-ahead-log protocol, "
+            "which commits after the checkpoint and needs no such check")
+
+
+def _spark_sent_end_of_stream(where: str, required: bool = True) -> bool:
     """Whether the next bytes from the JVM are its END_OF_STREAM mark (peeked, not consumed:
     pyspark's worker reads it after the task). pyspark gives the writer the Arrow batches but not
-    the socket, so the socket is ``infile`` of ``pyspark.worker.main`` on the call stack."""
+    the socket, so the socket is ``infile`` of ``pyspark.worker.main`` on the call stack. Not
+    found: ConfigError when ``required``, else True (with a warning once)."""
     global _warned_unchecked
     frame: FrameType | None = sys._getframe()
     while frame is not None and not (frame.f_code.co_name == "main" and frame.f_code.co_filename.endswith(_WORKER_MAIN)):
         frame = frame.f_back
     infile: Any = frame.f_locals.get("infile") if frame is not None else None
     if not hasattr(infile, "peek"):
+        if required:
+            raise ConfigError(f"{where}: cannot see pyspark's worker socket, so the end of the task's input cannot be "
+                              "checked; nothing of this task is committed. Use the write-ahead-log protocol")
         if not _warned_unchecked:
             _warned_unchecked = True
             logger.warning("%s: cannot see pyspark's worker socket; the end of task input is not checked", where)

@@ -62,3 +62,13 @@ def test_stall_log_counts_every_stall_and_keeps_the_recent_ones(tmp_path: Any) -
         log.record(batch, 91.0, f"batch {batch}")
     total, recent = log.read()
     assert total == 25 and len(recent) == 20 and recent[0].batch == 24
+
+
+def test_speculation_is_refused_at_start() -> None:
+    from oncekit.core.spark.query import refuse_speculation
+    from oncekit.sinks.kafka import kafka_sink
+
+    sink = kafka_sink("b:1", "t")
+    refuse_speculation(_Session(), sink)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"sink kafka-t: spark.speculation=true .* set spark.speculation=false"):
+        refuse_speculation(_Session(**{"spark.speculation": "true"}), sink)  # type: ignore[arg-type]
