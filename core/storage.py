@@ -7,6 +7,7 @@ filesystem through the JVM. pyarrow reaches the same local, HDFS and S3 location
 
 from __future__ import annotations
 
+import os
 import uuid
 
 from pyarrow.fs import FileSelector, FileSystem, LocalFileSystem
@@ -26,10 +27,26 @@ def filesystem(location: str) -> tuple[FileSystem, str]:
 
 
 def write_atomically(fs: FileSystem, path: str, data: bytes) -> None:
-    """Write a whole file or nothing: to a temporary name, then move it into place."""
+    """Write a whole file or nothing: to a temporary name, then move it into place. On a local
+    (or NFS-mounted) filesystem the file and the move are on disk before this returns (fsync of
+    the file, then of its folder): the journal and the staged rows it names must outlive a
+    machine that loses power right after Spark logged the batch complete. Object stores and
+    HDFS make a closed file durable themselves."""
     parent = path.rsplit("/", 1)[0]
     fs.create_dir(parent, recursive=True)
     temporary = f"{parent}/.{path.rsplit('/', 1)[1]}.{uuid.uuid4().hex}.tmp"
+    if isinstance(fs, LocalFileSystem):
+        with open(temporary, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, path)
+        folder = os.open(parent, os.O_RDONLY)
+        try:
+            os.fsync(folder)
+        finally:
+            os.close(folder)
+        return
     with fs.open_output_stream(temporary) as out:
         out.write(data)
     fs.move(temporary, path)

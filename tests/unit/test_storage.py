@@ -1,0 +1,30 @@
+"""Files under the checkpoint: written whole or not at all, and on a local (or NFS) checkpoint
+on disk before the write returns: the journal entry of a batch that Spark then logs complete
+must survive the machine losing power."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from pyarrow.fs import LocalFileSystem
+
+from oncekit.core.storage import list_names, write_atomically
+
+
+def test_local_write_is_fsynced_file_then_folder_and_leaves_no_temporary(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    target = tmp_path / "oncekit" / "sink" / "journal" / "7.json"
+    write_atomically(LocalFileSystem(), str(target), b'{"batch_id": 7}')
+    assert target.read_bytes() == b'{"batch_id": 7}'
+    assert len(synced) == 2 and synced[0].endswith(".tmp") and synced[1] == str(target.parent)
+    assert list_names(LocalFileSystem(), str(target.parent)) == ["7.json"]
