@@ -59,6 +59,8 @@ ABORT_S = 30.0
 GRACE_S = 5.0
 """What the kit's deadline adds to a call's own timeout, which librdkafka should honour first."""
 
+_PURGED = (KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT)
+
 # librdkafka logs a producer fenced by a newer instance as fatal. For a pooled producer that is
 # expected (another worker's producer of the same transactional id took over, and the task starts
 # over with a fresh one), so those lines go to DEBUG; everything else stays.
@@ -175,7 +177,8 @@ class SinkProducer(Producer):
         super().__init__({**settings, "on_delivery": self._failed})
 
     def _failed(self, error: Any, message: Any) -> None:  # librdkafka's delivery report
-        self.failures.append(str(error))
+        if error.code() not in _PURGED:  # records of a transaction the sink aborted itself
+            self.failures.append(str(error))
 
 
 class KafkaSinkBase:
@@ -304,13 +307,19 @@ class KafkaSinkBase:
                 producer.produce(self.config.dead_letter_topic, key=keys[row], value=(values[row] or b"")[:1024],
                                  headers={"oncekit.error": f"{where}: row {first_row + row}: too large"})
 
-    def publish(self, producer: SinkProducer, records: Iterable[Records], writer: int, batch_id: int,
+    def publish(self, producer: SinkProducer, records: RecordStream, writer: int, batch_id: int,
                 where: str, go_ahead: Callable[[int, str], bool] = lambda rows, checksum: True) -> int:
         """Write ``records`` and ``writer``'s batch marker in one transaction, and commit it;
         return the rows written. Records are produced part by part as they arrive, so librdkafka
         sends while Spark still delivers the task's input, and the commit waits only for the
         last part. ``go_ahead`` hears the rows and checksum once the last part is in; if it says
         no, the transaction is aborted and nothing is written (0 is returned).
+
+        Input slower than the transaction may stay open (Spark computing an expensive upstream,
+        a catch-up batch after downtime) would have the coordinator abort it, and every retry
+        would compute the same slow input again: once the transaction has been open half its
+        timeout with input still coming, it is aborted, the rest of the input is only kept, and
+        the whole partition goes in a new transaction once it is in.
 
         The marker goes last, right before the commit, so the marker partition holds an open
         transaction for one round trip only. A pooled producer that a newer one has fenced
@@ -321,12 +330,29 @@ class KafkaSinkBase:
         self.markers.ensure_writer(writer)
         producer.failures.clear()
         producer.begin_transaction()
+        budget_s = self.config.transaction_timeout_ms / 2000
         try:
             rows = crc_total = 0
+            opened: float | None = None  # when the first record went in: the coordinator's clock starts then
+            streaming = True
             for part in records:
-                self.produce(producer, part, where, first_row=rows)
+                if streaming and opened is not None and time.monotonic() - opened > budget_s:
+                    logger.info("%s: input still coming after %.0f s of an open transaction; producing the whole "
+                                "partition in a new one once it is in", where, budget_s)
+                    _abort_transaction(producer, where)
+                    streaming = False
+                if streaming:
+                    opened = opened or time.monotonic()
+                    self.produce(producer, part, where, first_row=rows)
                 rows += len(part)
                 crc_total += part.crc_total
+            if not streaming:
+                producer.begin_transaction()
+                producer.failures.clear()  # the aborted records' reports
+                produced = 0
+                for part in records:  # the kept parts, again
+                    self.produce(producer, part, where, first_row=produced)
+                    produced += len(part)
             total = checksum(rows, crc_total)
             if not go_ahead(rows, total):
                 _abort_transaction(producer, where)

@@ -6,6 +6,7 @@ Output is read with read_committed and compared as a multiset."""
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -83,4 +84,26 @@ def test_write_ahead_publish_after_broker_restart_commits_within_bound(services:
     within_bound(lambda: sink.commit_batch(1, committables))
     within_bound(lambda: sink.commit_batch(1, committables))  # a repeated notification
     want = Counter(v.as_py() for b in (*batch_of(0), *batch_of(1)) for v in b.column(0))
+    assert Counter(read_committed(kafka, config.topic, sum(want.values()))) == want
+
+
+def test_transactional_task_whose_input_is_slower_than_the_transaction_timeout_commits(
+        services: Services, tmp_path: Path) -> None:
+    """An expensive upstream (or a catch-up batch after downtime) can deliver a partition more
+    slowly than a transaction may stay open: the coordinator would abort it, and every retry
+    would compute the same slow input again. Here the timeout is 6 s and the input takes 15 s."""
+    kafka = services.kafka.config
+    create_topic(kafka, "liveness-slow-input", partitions=2)
+    config = kafka_sink(kafka.bootstrap_servers, "liveness-slow-input", "transactional", transaction_timeout_ms=6_000)
+    sink = config.build(str(tmp_path))
+    sink.preflight()
+    parts = [batch_of(i, rows=100)[0] for i in range(6)]
+
+    def slow() -> Iterator[pa.RecordBatch]:
+        for part in parts:
+            yield part
+            time.sleep(2.5)
+
+    within_bound(lambda: sink.write_partition(TaskInfo(config.sink_id, 0, 0, 1), slow()))
+    want = Counter(v.as_py() for b in parts for v in b.column(0))
     assert Counter(read_committed(kafka, config.topic, sum(want.values()))) == want
