@@ -152,16 +152,38 @@ def _postgres(config: PipelineConfig) -> list[Check]:
         isolation = show("default_transaction_isolation")
     checks.append(Check("postgres version", OK if version >= 110000 else FAIL, f"{version // 10000}",
                         "" if version >= 110000 else "use PostgreSQL 11 or newer"))
-    wanted = 2 * config.topics.partitions
+    wanted, why = prepared_wanted(config)
     status = FAIL if prepared == 0 else WARN if prepared < wanted else OK
     checks.append(Check("postgres max_prepared_transactions", status,
-                        f"{prepared}; two-phase commit holds up to {wanted} at once here",
+                        f"{prepared}; two-phase commit holds up to {wanted} at once here ({why})",
                         "" if status == OK else f"start postgres with -c max_prepared_transactions={max(64, wanted)} "
                         "(needs a restart)"))
     checks.append(Check("postgres default_transaction_isolation", WARN if isolation == "serializable" else OK, isolation,
                         "set it to 'read committed': the sinks' upserts fail with serialization errors otherwise"
                         if isolation == "serializable" else ""))
     return checks
+
+
+IN_FLIGHT_BATCHES = 3
+"""Batches whose prepared transactions can be open at once: the running one, the one the
+listener commits, and one a restart runs again while recovery settles the last."""
+
+
+def prepared_wanted(config: PipelineConfig) -> tuple[int, str]:
+    """How many prepared transactions the reference pipeline can hold at once, and why: one per
+    writer partition (the query's state partitions, as its checkpoint fixed them, else the
+    shuffle partitions a new one gets) and two-phase-commit target, for each batch in flight."""
+    from oncekit.core.spark.session import default_conf
+    from oncekit.core.spark_log import SparkLog
+
+    try:
+        partitions = SparkLog(f"{config.pipeline.checkpoint}/pipeline").state_partitions()
+    except OSError:
+        partitions = None
+    partitions = partitions or int(default_conf()["spark.sql.shuffle.partitions"])
+    targets = sum(protocol == "two-phase-commit" for protocol in (config.guarantees.balances, config.guarantees.minute_totals))
+    return (partitions * targets * IN_FLIGHT_BATCHES,
+            f"{partitions} writer partitions x {targets} two-phase-commit targets x {IN_FLIGHT_BATCHES} batches in flight")
 
 
 def run(config: PipelineConfig) -> list[Check]:

@@ -45,3 +45,15 @@ def test_pipeline_config_mistakes_are_refused(tmp_path: Path, text: str, message
 def test_pipeline_config_repr_hides_the_password() -> None:
     loaded = config.load(None, {"services.postgres_dsn": "postgresql://u:s3cret@h:5432/d"})
     assert "s3cret" not in repr(loaded)
+
+
+def test_doctor_sizes_prepared_transactions_from_writer_partitions_targets_and_batches(tmp_path: Path) -> None:
+    """Not from the topic's partitions: a stateful query writes as many partitions as its state
+    has, to every two-phase-commit target, for each batch in flight."""
+    from oncekit.doctor import prepared_wanted
+
+    checkpoint = tmp_path / "checkpoint"
+    (checkpoint / "pipeline" / "offsets").mkdir(parents=True)
+    (checkpoint / "pipeline" / "offsets" / "4").write_text('v1\n{"conf": {"spark.sql.shuffle.partitions": "16"}}\n')
+    loaded = config.load(None, {"pipeline.checkpoint": str(checkpoint)})
+    assert prepared_wanted(loaded) == (48, "16 writer partitions x 1 two-phase-commit targets x 3 batches in flight")
