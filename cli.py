@@ -37,7 +37,7 @@ def _verify(args: argparse.Namespace) -> int:
 
     if args.soak:
         return command.soak(args.pipeline or "fan-out-postgres-kafka-wal", args.soak, args.seed, args.backend,
-                            args.rate, args.fault_every, args.sample_every, args.json)
+                            args.rate, args.fault_every, args.sample_every, args.json, args.periodic_faults)
     return command.main(args.pipeline or "postgres-two-phase-commit", args.faults, args.seed, args.guarantee,
                         args.backend, args.duplicates, args.malformed, args.late, args.json, args.brokers,
                         args.secured, args.service_faults)
@@ -201,6 +201,9 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--rate", type=float, default=10.0, help="--soak: input records per second")
     check.add_argument("--fault-every", type=float, default=60.0, help="--soak: seconds between faults")
     check.add_argument("--sample-every", type=float, default=180.0, help="--soak: seconds between table rows")
+    check.add_argument("--periodic-faults", default="", metavar="KIND=SECONDS,...",
+                       help="--soak: instead of a drawn fault every --fault-every seconds, these service faults "
+                       "(3 s down) at these intervals, as kafka-restart=120,postgres-restart=300")
     check.set_defaults(run=_verify)
 
     _add_pipeline_commands(commands)

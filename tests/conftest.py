@@ -111,7 +111,14 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist, the tests that share a module-scoped fixture (a three-broker cluster,
-    secured services, a Spark standalone cluster) run in one worker, which starts it once."""
+    secured services, a Spark standalone cluster) run in one worker, which starts it once. Tests
+    marked ``long`` go first, longest first: xdist hands the first tests to its workers in turn,
+    so the longest ones run side by side instead of one after another at the end of the run."""
+    def expected_s(item: pytest.Item) -> float:
+        marker = item.get_closest_marker("long")
+        return float(marker.args[0]) if marker is not None else 0.0
+
+    items.sort(key=expected_s, reverse=True)  # stable: the others keep their order
     for item in items:
         info = getattr(item, "_fixtureinfo", None)
         if info is not None and any(d.scope == "module" for defs in info.name2fixturedefs.values() for d in defs):

@@ -12,6 +12,7 @@ from oncekit.verify.campaign import run_campaign
 from oncekit.verify.io import Upstream
 from oncekit.verify.report import FaultResult, table, write_json
 from oncekit.verify.soak import HEADER, SoakSample, parse_duration, report_dict, row, run_soak
+from oncekit.verify.soak import periodic_faults as periodic_faults_of
 from oncekit.verify.soak import table as soak_table
 
 
@@ -48,20 +49,24 @@ def main(pipeline: str, faults: int, seed: int, guarantee: str | None, backend: 
 
 
 def soak(pipeline: str, duration: str, seed: int, backend: str, rate: float, fault_every_s: float,
-         sample_every_s: float, json_path: str | None) -> int:
+         sample_every_s: float, json_path: str | None, periodic_faults: str = "") -> int:
     """``oncekit verify --soak DURATION``; returns 0 when the output is exactly-once, nothing is
-    left behind and everything bounded stayed within its bound."""
+    left behind, nothing stalled and everything bounded stayed within its bound."""
     seconds = parse_duration(duration)
+    periodic = periodic_faults_of(periodic_faults)
     started = start_services(backend)
+    faults = (", ".join(f"{fault} every {every:.0f} s" for every, fault in periodic) if periodic
+              else f"a fault every {fault_every_s:.0f} s")
     print(f"services ({started.backend}) ready; soaking {pipeline} for {seconds / 60:.1f} min at {rate:g} records/s, "
-          f"a fault every {fault_every_s:.0f} s, seed {seed}", flush=True)
+          f"{faults}, seed {seed}", flush=True)
     print(HEADER, flush=True)
 
     def progress(sample: SoakSample) -> None:
         print(row(sample), flush=True)
 
     with started.running() as services:
-        report = run_soak(pipeline, services, seconds, seed, rate, fault_every_s, sample_every_s, progress=progress)
+        report = run_soak(pipeline, services, seconds, seed, rate, fault_every_s, sample_every_s, progress=progress,
+                          periodic=periodic)
     print(soak_table(report))
     if json_path:
         Path(json_path).write_text(json.dumps(report_dict(report), indent=2))

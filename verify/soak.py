@@ -32,9 +32,10 @@ from pathlib import Path
 from oncekit.connectors import Services
 from oncekit.core.crash import POINTS, arm, disarm, fired_at
 from oncekit.core.errors import ConfigError
+from oncekit.core.stalls import StallLog
 from oncekit.verify.campaign import Campaign
 from oncekit.verify.examples import EXAMPLES
-from oncekit.verify.faults import Fault, schedule
+from oncekit.verify.faults import SERVICE_FAULTS, Fault, schedule
 from oncekit.verify.io import KafkaOutput, kit_rows, marker_partitions, prepared_transactions, produce_input
 
 logger = logging.getLogger(__name__)
@@ -79,6 +80,7 @@ class SoakSample:
     kit_rows: int            # marker rows and recorded checkpoints in PostgreSQL
     marker_partitions: int   # partitions of the Kafka sinks' marker topics
     prepared: int            # prepared transactions of the pipeline's sinks
+    stalls: int = 0          # batches the driver's batch watchdog stopped as stalled, so far
 
 
 @dataclass(frozen=True)
@@ -100,7 +102,7 @@ class SoakReport:
 
 
 HEADER = ("| min | faults | in | out | dup | lost | in flight | batch | driver MB | JVM MB | workers MB | "
-          "checkpoint KB | files | journal | staged | kit rows | marker partitions | prepared |")
+          "checkpoint KB | files | journal | staged | kit rows | marker partitions | prepared | stalls |")
 
 
 def row(sample: SoakSample) -> str:
@@ -108,7 +110,8 @@ def row(sample: SoakSample) -> str:
     return (f"| {s.elapsed_s / 60:5.1f} | {s.faults:>3} | {s.records_in:>7,} | {s.records_out:>7,} | {s.duplicates} | "
             f"{s.losses} | {s.in_flight:>5} | {'' if s.batches is None else s.batches:>5} | {s.driver_rss_mb:6.0f} | "
             f"{s.jvm_rss_mb:6.0f} | {s.workers_rss_mb:6.0f} | {s.checkpoint_kb:8.0f} | {s.checkpoint_files:>5} | "
-            f"{s.journal_entries:>3} | {s.staged:>3} | {s.kit_rows:>4} | {s.marker_partitions:>3} | {s.prepared:>3} |")
+            f"{s.journal_entries:>3} | {s.staged:>3} | {s.kit_rows:>4} | {s.marker_partitions:>3} | {s.prepared:>3} | "
+            f"{s.stalls:>2} |")
 
 
 def table(report: SoakReport) -> str:
@@ -137,6 +140,7 @@ def unbounded(samples: list[SoakSample], retain: int, partitions: int = 2) -> li
         "prepared": in_flight * partitions * 2,
         "kit_rows": (retain + in_flight + 2) * partitions * 2,
         "marker_partitions": partitions + 1,
+        "stalls": 0,  # live: a batch never waits out the batch timeout
     }
     for name, limit in limits.items():
         worst = max(samples, key=lambda s: float(getattr(s, name)))
@@ -252,6 +256,7 @@ class Soak:
             kit_rows=kit_rows(campaign.services.postgres.dsn, output) if campaign.kind != "kafka" else 0,
             marker_partitions=marker_partitions(campaign.kafka, output) if campaign.kind != "postgres" else 0,
             prepared=len(prepared_transactions(campaign.services.postgres.dsn, output)),
+            stalls=StallLog(campaign.ctx.checkpoint).read()[0],
         )
 
 
@@ -290,20 +295,42 @@ class Soak:
                        if offset < int(ends.get(str(partition), 0)) and value.lstrip(b"-").isdigit())
 
 
+def periodic_faults(text: str) -> list[tuple[float, Fault]]:
+    """``kafka-restart=120,postgres-restart=300``: each service fault kind (3 s down) and how
+    often, in seconds; ConfigError for anything else."""
+    out = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        kind, _, every = item.partition("=")
+        if kind not in SERVICE_FAULTS:
+            raise ConfigError(f"periodic fault {item!r}: the kind must be one of {', '.join(SERVICE_FAULTS)}")
+        try:
+            out.append((float(every), Fault(kind, outage_s=3.0)))
+        except ValueError as exc:
+            raise ConfigError(f"periodic fault {item!r}: give kind=seconds, as kafka-restart=120") from exc
+    return out
+
+
 def run_soak(pipeline: str, services: Services, duration_s: float, seed: int = 1, rate: float = 10.0,
              fault_every_s: float = 60.0, sample_every_s: float = 180.0, retain: int | None = None,
              progress: Callable[[SoakSample], None] | None = None, env: dict[str, str] | None = None,
-             work_dir: str | None = None, per_batch: int = PER_BATCH, drain_s: float = 600.0) -> SoakReport:
+             work_dir: str | None = None, per_batch: int = PER_BATCH, drain_s: float = 600.0,
+             periodic: list[tuple[float, Fault]] | None = None) -> SoakReport:
     """Soak ``pipeline`` for ``duration_s`` (see the module docstring). ``retain`` lowers Spark's
     ``minBatchesToRetain`` for the driver (a short soak reaches the purge that way); ``progress``
     hears every sample as it is taken; ``drain_s`` bounds the wait for the output to catch up
-    once the input stops."""
+    once the input stops. ``periodic`` (every so many seconds, a fault) replaces the drawn
+    schedule (a fault every ``fault_every_s``)."""
     example = EXAMPLES.get(pipeline)
     env = dict(env or {})
     if retain is not None:
         env["PYSPARK_SUBMIT_ARGS"] = f"--conf spark.sql.streaming.minBatchesToRetain={retain} pyspark-shell"
-    plan = schedule(seed, max(1, int(duration_s // fault_every_s)), example.points if example else POINTS,
-                    network_cuts=services.backend == "containers")
+    if periodic:  # (when, fault) in time order
+        plan = sorted(((every * n, fault) for every, fault in periodic for n in range(1, int(duration_s // every) + 1)),
+                      key=lambda pair: pair[0])
+    else:
+        drawn = schedule(seed, max(1, int(duration_s // fault_every_s)), example.points if example else POINTS,
+                         network_cuts=services.backend == "containers")
+        plan = [(fault_every_s * (n + 1), fault) for n, fault in enumerate(drawn)]
     name = f"soak-{pipeline.replace(':', '-').replace('.', '-')}-{seed}-{time.time_ns() % 10**9}"
     samples: list[SoakSample] = []
 
@@ -319,13 +346,12 @@ def run_soak(pipeline: str, services: Services, duration_s: float, seed: int = 1
         try:
             campaign.driver.ensure_running()
             soak = Soak(campaign, rate)
-            next_fault, next_sample = fault_every_s, sample_every_s
+            next_sample = sample_every_s
             while (elapsed := time.monotonic() - soak.started) < duration_s:
                 soak.produce(time.monotonic())
                 campaign.driver.ensure_running()
-                if plan and elapsed >= next_fault:
-                    soak.inject(plan.pop(0))
-                    next_fault += fault_every_s
+                if plan and elapsed >= plan[0][0]:
+                    soak.inject(plan.pop(0)[1])
                 if elapsed >= next_sample:
                     take()
                     next_sample += sample_every_s

@@ -54,6 +54,7 @@ def test_three_brokers_replicate_as_production(cluster: Services, unique_name: s
         assert {len(p.replicas) for p in metadata.topics[name].partitions.values()} == {3}, name
 
 
+@pytest.mark.long(250)
 def test_campaign_one_broker_at_a_time_exactly_once(cluster: Services, campaign_tables: list[str]) -> None:
     """The transactional Kafka sink under each broker fault once; every verdict exactly-once,
     nothing left open. The coordinator kill finds its broker with Kafka's DescribeTransactions

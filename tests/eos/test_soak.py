@@ -19,6 +19,7 @@ SEED = int(os.environ.get("ONCEKIT_VERIFY_SEED", "2026"))
 RETAIN = 3  # Spark keeps this many batches: its purge, and the kit's behind it, come within a short run
 
 
+@pytest.mark.long(300)
 def test_soak_bounded_state_and_exactly_once(services: Services, campaign_tables: list[str]) -> None:
     report = run_soak("fan-out-postgres-kafka-wal", services, SOAK_S, seed=SEED, rate=10, fault_every_s=40,
                       sample_every_s=30, retain=RETAIN)

@@ -44,7 +44,9 @@ def test_redact_config_keeps_ordinary_settings() -> None:
 
 
 def test_kafka_config_settings_translate_underscores() -> None:
-    assert KafkaConfig("b:1").settings(transactional_id="t") == {"bootstrap.servers": "b:1", "transactional.id": "t"}
+    assert KafkaConfig("b:1").settings(transactional_id="t") == {"bootstrap.servers": "b:1", "transactional.id": "t",
+                                                                 "reconnect.backoff.max.ms": 1000}
+    assert KafkaConfig("b:1", {"reconnect.backoff.max.ms": 5000}).settings()["reconnect.backoff.max.ms"] == 5000
 
 
 def test_kafka_config_empty_bootstrap_is_config_error() -> None:

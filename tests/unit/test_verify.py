@@ -105,3 +105,14 @@ def test_schedule_draws_postgres_steps_only_for_sinks_that_reach_them() -> None:
     drawn = schedule(3, 200, postgres_steps=postgres_steps("postgres", "two-phase-commit"))
     assert {f.kind for f in drawn if f.kind in POSTGRES_FAULTS} == set(POSTGRES_FAULTS)
     assert str(Fault("postgres-kill-prepare", outage_s=2)) == "postgres kill -9 in PREPARE TRANSACTION 2 s"
+
+
+def test_soak_periodic_faults_parse_and_refuse_what_is_not_a_service_fault() -> None:
+    from oncekit.verify.soak import periodic_faults
+
+    assert periodic_faults("kafka-restart=120, postgres-restart=300") == [
+        (120.0, Fault("kafka-restart", outage_s=3.0)), (300.0, Fault("postgres-restart", outage_s=3.0))]
+    with pytest.raises(ConfigError, match="kind must be one of"):
+        periodic_faults("kill=60")
+    with pytest.raises(ConfigError, match="kind=seconds"):
+        periodic_faults("kafka-restart=often")
