@@ -51,13 +51,18 @@ def within_bound(call: Callable[[], Any]) -> Any:
     return outcome.get("result")
 
 
+def new_sink(services: Services, topic: str, protocol: str, tmp_path: Path, **options: Any) -> Any:
+    """A Kafka sink of ``protocol`` into a new two-partition ``topic``, past its preflight."""
+    create_topic(services.kafka.config, topic, partitions=2)
+    sink = kafka_sink(services.kafka.bootstrap_servers, topic, protocol, **options).build(str(tmp_path))
+    sink.preflight()
+    return sink
+
+
 def test_transactional_task_after_broker_restart_commits_within_bound(services: Services, tmp_path: Path) -> None:
     kafka = services.kafka.config
-    create_topic(kafka, "liveness-transactional", partitions=2)
-    config = kafka_sink(kafka.bootstrap_servers, "liveness-transactional", "transactional", partitions=2)
-    sink = config.build(str(tmp_path))
-    assert isinstance(sink, KafkaTransactionalSink)
-    sink.preflight()
+    sink: KafkaTransactionalSink = new_sink(services, "liveness-transactional", "transactional", tmp_path)
+    config = sink.config
     sink.write_partition(TaskInfo(config.sink_id, 0, 0, 1), iter(batch_of(0)))  # pools the producer
     services.kafka.outage("stop", 3.0)
     within_bound(lambda: sink.write_partition(TaskInfo(config.sink_id, 1, 0, 2), iter(batch_of(1))))
@@ -73,11 +78,8 @@ def staged(sink: KafkaWriteAheadSink, batch_id: int) -> list[Committable]:
 
 def test_write_ahead_publish_after_broker_restart_commits_within_bound(services: Services, tmp_path: Path) -> None:
     kafka = services.kafka.config
-    create_topic(kafka, "liveness-write-ahead", partitions=2)
-    config = kafka_sink(kafka.bootstrap_servers, "liveness-write-ahead", "write-ahead-log", partitions=2)
-    sink = config.build(str(tmp_path))
-    assert isinstance(sink, KafkaWriteAheadSink)
-    sink.preflight()
+    sink: KafkaWriteAheadSink = new_sink(services, "liveness-write-ahead", "write-ahead-log", tmp_path)
+    config = sink.config
     sink.commit_batch(0, staged(sink, 0))  # pools the publisher
     services.kafka.outage("stop", 3.0)
     committables = staged(sink, 1)
@@ -93,10 +95,8 @@ def test_transactional_task_whose_input_is_slower_than_the_transaction_timeout_c
     slowly than a transaction may stay open: the coordinator would abort it, and every retry
     would compute the same slow input again. Here the timeout is 6 s and the input takes 15 s."""
     kafka = services.kafka.config
-    create_topic(kafka, "liveness-slow-input", partitions=2)
-    config = kafka_sink(kafka.bootstrap_servers, "liveness-slow-input", "transactional", transaction_timeout_ms=6_000)
-    sink = config.build(str(tmp_path))
-    sink.preflight()
+    sink = new_sink(services, "liveness-slow-input", "transactional", tmp_path, transaction_timeout_ms=6_000)
+    config = sink.config
     parts = [batch_of(i, rows=100)[0] for i in range(6)]
 
     def slow() -> Iterator[pa.RecordBatch]:
