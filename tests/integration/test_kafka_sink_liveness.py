@@ -1,7 +1,8 @@
-"""Liveness of the Kafka sinks' task and publish paths after a broker restart, without Spark: a
-producer that lived through the outage (pooled by an earlier task) writes the next batch. It
-must commit, or fail with an error that names the step, within a bound; never wait without end.
-Output is read with read_committed and compared as a multiset."""
+"""Liveness of the Kafka sinks' task and publish paths and of the source's planner after a broker
+restart, without Spark: a client that lived through the outage (pooled by an earlier task or
+trigger) serves the next batch. It must commit (or plan), or fail with an error that names the
+step, within a bound; never wait without end. Output is read with read_committed and compared
+as a multiset."""
 
 from __future__ import annotations
 
@@ -19,11 +20,13 @@ from oncekit.connectors import Services
 from oncekit.connectors.kafka import create_topic
 from oncekit.core.protocol import Committable, TaskInfo
 from oncekit.sinks.kafka import KafkaTransactionalSink, KafkaWriteAheadSink, kafka_sink
+from oncekit.sources.kafka import KafkaSourceOptions, watermarks
 from oncekit.verify.io import read_committed
 
 pytestmark = pytest.mark.services
 
 BOUND_S = 120.0  # a broker back within seconds; the kit's own deadlines are shorter than this
+PLAN_BOUND_S = 12.0  # the planner runs every trigger: a broker that is back is found within seconds
 
 
 def batch_of(batch_id: int, rows: int = 500) -> list[pa.RecordBatch]:
@@ -107,3 +110,20 @@ def test_transactional_task_whose_input_is_slower_than_the_transaction_timeout_c
     within_bound(lambda: sink.write_partition(TaskInfo(config.sink_id, 0, 0, 1), slow()))
     want = Counter(v.as_py() for b in parts for v in b.column(0))
     assert Counter(read_committed(kafka, config.topic, sum(want.values()))) == want
+
+
+def test_source_planner_after_broker_restart_plans_within_bound(services: Services) -> None:
+    """The driver-side planner asks for the partitions' watermarks at every trigger, on a pooled
+    consumer. One that lived through a 3 s broker stop answered 19-20 s after the broker was
+    back: a connection attempt made during the outage hung until librdkafka's 30 s setup
+    timeout, and in the soak a call in flight failed the query 30 s after every broker stop."""
+    create_topic(services.kafka.config, "liveness-source", partitions=2)
+    options = KafkaSourceOptions.parse({"kafka.bootstrap.servers": services.kafka.bootstrap_servers,
+                                        "subscribe": "liveness-source"})
+    watermarks(options)  # pools the consumer
+    services.kafka.outage("stop", 3.0)  # returns once the broker is back and ready
+    back = time.monotonic()
+    marks = within_bound(lambda: watermarks(options))
+    waited = time.monotonic() - back
+    assert waited < PLAN_BOUND_S, f"planned {waited:.1f} s after the broker was back (bound {PLAN_BOUND_S:.0f} s)"
+    assert set(marks) == {("liveness-source", 0), ("liveness-source", 1)}
