@@ -118,13 +118,22 @@ RETRIABLE = frozenset({KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError.
                        KafkaError.OFFSET_NOT_AVAILABLE, KafkaError.NOT_COORDINATOR,
                        KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.COORDINATOR_LOAD_IN_PROGRESS})
 
+ATTEMPT_S = 5.0
+"""The timeout of one metadata or offsets request (list_topics, get_watermark_offsets, a marker
+read's poll) on a pooled client. A client that lived through a broker restart can hold such a
+request until its timeout although the broker is back (a 30 s list_topics in the source's
+planner failed the query 30 s after every 3 s broker stop of the soak; a marker read held the
+write-ahead publish 90 s). Callers ask with a short timeout and let the pool close the client
+that failed (:meth:`ClientPool.borrowed`), so the next attempt connects afresh."""
+
 T = TypeVar("T")
 
 
 def retrying(what: str, call: Callable[[], T], timeout_s: float = 30.0) -> T:
     """``call()``, asked again every half second while it fails with what a restarting broker or
     a moving leader answers (:data:`RETRIABLE`, or an error librdkafka marks retriable), for up to
-    ``timeout_s``; then its last error is raised. ``what`` names the call in the log."""
+    ``timeout_s``; then its last error is raised. ``what`` names the call in the log. A ``call``
+    that borrows its client from :data:`CLIENTS` gets a new one for the next attempt."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -156,6 +165,12 @@ RECONNECT: Mapping[str, Any] = {
     # committed batch). 1 s bounds the wait; it costs a connection attempt a second while a
     # broker is down.
     "reconnect.backoff.max.ms": 1000,
+    # A connection attempt made while the broker is away can hang instead of being refused (a
+    # port forwarder or proxy in front of it accepts; a host that is down never answers), and
+    # librdkafka gives it up after 30 s by default: a client that lived through a 3 s broker
+    # stop answered list_topics 19-20 s after the broker was back (2 of 2 here), one with 5 s
+    # at once. 10 s, the Java client's default, leaves a slow TLS or SASL handshake its time.
+    "socket.connection.setup.timeout.ms": 10_000,
 }
 """Settings of every kit client, under the user's own (:meth:`KafkaConfig.settings`)."""
 

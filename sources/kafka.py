@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from oncekit.connectors.kafka import CLIENTS, READ_AHEAD, RECONNECT, KafkaConfig, check_access, retrying
+from oncekit.connectors.kafka import ATTEMPT_S, CLIENTS, READ_AHEAD, RECONNECT, KafkaConfig, check_access, retrying
 from oncekit.connectors.redact import redact_config
 from oncekit.core.errors import ConfigError, DataLossError, OncekitError, SourceReadError
 
@@ -270,19 +270,27 @@ def _watermarks(consumer: Consumer, topic: str, partition: int) -> tuple[int, in
     """(low, high) of one partition, asked again while a broker restarts or its leader moves, so
     that a short broker outage delays the batch instead of failing the query."""
     return retrying(f"{FORMAT}: watermarks of {topic}[{partition}]",
-                    lambda: consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30))
+                    lambda: consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=ATTEMPT_S))
 
 
 def watermarks(options: KafkaSourceOptions) -> dict[tuple[str, int], tuple[int, int]]:
     """(low, high) per partition of the subscribed topics; with read_committed, high is the last
     stable offset, so open transactions are never planned into a batch. Called by the driver-side
-    reader at every trigger, on a consumer of the process's pool."""
+    reader at every trigger, on a consumer of the process's pool. A broker that restarts delays
+    the answer: each attempt (:func:`_watermarks_once`) asks on a consumer of its own."""
+    names = ", ".join(options.topics) or options.topic_pattern
+    try:
+        return retrying(f"{FORMAT}: watermarks of {names}", lambda: _watermarks_once(options))
+    except KafkaException:
+        check_access(options.kafka)  # a refused password or certificate says so, not "transport failure"
+        raise
+
+
+def _watermarks_once(options: KafkaSourceOptions) -> dict[tuple[str, int], tuple[int, int]]:
+    """One attempt of :func:`watermarks`, each request within :data:`ATTEMPT_S`; the consumer of
+    an attempt that failed is closed, not pooled, so the next attempt connects afresh."""
     with options.borrowed_consumer() as consumer:
-        try:
-            metadata = consumer.list_topics(timeout=30)
-        except KafkaException:
-            check_access(options.kafka)  # a refused password or certificate says so, not "transport failure"
-            raise
+        metadata = consumer.list_topics(timeout=ATTEMPT_S)
         out = {}
         topics = options.topics
         if options.topic_pattern is not None:
@@ -290,10 +298,14 @@ def watermarks(options: KafkaSourceOptions) -> dict[tuple[str, int], tuple[int, 
             topics = tuple(sorted(t for t in metadata.topics if re.fullmatch(options.topic_pattern, t)))
         for topic in topics:
             described = metadata.topics.get(topic)
-            if described is None or described.error is not None:
+            if described is None or (described.error is not None
+                                     and described.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
                 raise ConfigError(f"{FORMAT}: topic {topic!r} does not exist")
+            if described.error is not None:  # a leader on its way back: the next attempt asks again
+                raise KafkaException(described.error)
             for partition in sorted(described.partitions):
-                out[(topic, partition)] = _watermarks(consumer, topic, partition)
+                out[(topic, partition)] = consumer.get_watermark_offsets(TopicPartition(topic, partition),
+                                                                         timeout=ATTEMPT_S)
         return out
 
 

@@ -41,7 +41,7 @@ from typing import Any
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewPartitions, NewTopic  # type: ignore[attr-defined]
 
-from oncekit.connectors.kafka import CLIENTS, RETRIABLE, KafkaConfig, client_log
+from oncekit.connectors.kafka import ATTEMPT_S, CLIENTS, RETRIABLE, KafkaConfig, client_log
 from oncekit.connectors.wait import wait_until
 from oncekit.core.deadline import bounded
 from oncekit.core.errors import ConfigError, ServiceError, UnsettledMarkerError
@@ -283,7 +283,7 @@ def _last_record(consumer: Consumer, partition: TopicPartition, deadline: float)
     backwards in windows of 8, 64, 512... records (None if the partition holds none), and whether
     the stable offset had reached the high watermark. The fetch responses tell both: the read
     ends at the stable offset (read_committed), and the cached watermark is the high one."""
-    low, stable = consumer.get_watermark_offsets(partition, timeout=max(1.0, deadline - time.monotonic()), cached=False)
+    low, stable = consumer.get_watermark_offsets(partition, timeout=_attempt(deadline), cached=False)
     window = 8
     while True:
         start = max(low, stable - window)
@@ -302,7 +302,7 @@ def _read_to_end(consumer: Consumer, deadline: float) -> tuple[bytes | None, int
     """The value of the last record up to the end of the assigned partition, and the end's offset."""
     last = None
     while True:
-        message = consumer.poll(max(0.1, deadline - time.monotonic()))
+        message = consumer.poll(_attempt(deadline))
         if message is None:
             raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "no end of partition before the deadline"))
         error = message.error()
@@ -312,3 +312,9 @@ def _read_to_end(consumer: Consumer, deadline: float) -> tuple[bytes | None, int
             raise KafkaException(error)
         last = message.value()
 
+
+def _attempt(deadline: float) -> float:
+    """One request's timeout: :data:`~oncekit.connectors.kafka.ATTEMPT_S`, less near the read's
+    deadline. A request that times out closes its consumer (:meth:`MarkerLog._last` borrows it),
+    and the read asks again on a new one."""
+    return min(ATTEMPT_S, max(0.1, deadline - time.monotonic()))

@@ -9,6 +9,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from confluent_kafka import KafkaException
 
 from oncekit.core.errors import OncekitError
 from oncekit.core.names import KafkaTransactionalId
@@ -50,9 +51,12 @@ class KafkaWriteAheadSink(KafkaSinkBase, WriteAheadSink):
 
         try:
             published = self.commit_with_fencing(KafkaTransactionalId(self.sink_id), where, attempt)
-        except OncekitError:
+        except OncekitError as exc:
             # Two notifications for one batch fence each other; the one that wins publishes it.
-            if self._wait_for_marker(batch_id, where):
+            # Any other failure (a broker out of reach) is the caller's to retry at once: waiting
+            # here for a marker nobody else writes only held the batch up.
+            fenced = isinstance(exc.__cause__, KafkaException) and exc.__cause__.args[0].fatal()
+            if fenced and self._wait_for_marker(batch_id, where):
                 return CommitOutcome.ALREADY_COMMITTED
             raise
         if published < 0:

@@ -45,7 +45,8 @@ def test_redact_config_keeps_ordinary_settings() -> None:
 
 def test_kafka_config_settings_translate_underscores() -> None:
     assert KafkaConfig("b:1").settings(transactional_id="t") == {"bootstrap.servers": "b:1", "transactional.id": "t",
-                                                                 "reconnect.backoff.max.ms": 1000}
+                                                                 "reconnect.backoff.max.ms": 1000,
+                                                                 "socket.connection.setup.timeout.ms": 10_000}
     assert KafkaConfig("b:1", {"reconnect.backoff.max.ms": 5000}).settings()["reconnect.backoff.max.ms"] == 5000
 
 
