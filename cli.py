@@ -74,7 +74,7 @@ def _savepoint(args: argparse.Namespace) -> int:
 
 def _status(args: argparse.Namespace) -> int:
     from oncekit.status import command
-    from oncekit.status.model import Thresholds
+    from oncekit.status.snapshot import Thresholds
 
     thresholds = Thresholds(transaction_timeout_s=args.transaction_timeout,
                             uncommitted_triggers=args.uncommitted_triggers)

@@ -1,9 +1,10 @@
 """The status page and Prometheus metrics: ``oncekit status``, and ``--ui PORT`` of ``oncekit
 pipeline run`` and ``oncekit demo``.
 
-- ``model``: :class:`~oncekit.status.model.StatusCollector` reads checkpoints and journals
-  (through core's storage layer) and asks the services, into one immutable snapshot with its
-  red states;
+- ``collector``: :class:`~oncekit.status.collector.StatusCollector` reads checkpoints and
+  journals (through core's storage layer) and asks the services, into one immutable snapshot
+  with its red states; ``snapshot``: that snapshot's frozen data classes, which the page and the
+  metrics read;
 - ``services``: the real questions to Kafka and PostgreSQL; ``kafka_transactions``: open Kafka
   transactions from the broker's own tool;
 - ``metrics``: ``/metrics`` (prometheus_client); ``app``: the Starlette app and its uvicorn

@@ -28,7 +28,8 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from oncekit.status import metrics
-from oncekit.status.model import Snapshot, StatusCollector
+from oncekit.status.collector import StatusCollector
+from oncekit.status.snapshot import Snapshot
 
 logger = logging.getLogger(__name__)
 

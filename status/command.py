@@ -15,8 +15,9 @@ from pathlib import Path
 from oncekit.core.errors import ConfigError
 from oncekit.core.protocol import SinkConfig
 from oncekit.status.app import StatusServer, StatusService
-from oncekit.status.model import StatusCollector, Thresholds, Watched
+from oncekit.status.collector import StatusCollector, Watched
 from oncekit.status.services import collector_sources
+from oncekit.status.snapshot import Thresholds
 
 
 def protocols_of(config: SinkConfig) -> dict[str, str]:

@@ -1,7 +1,7 @@
 """``/metrics``: the status page's figures in Prometheus' text format, through prometheus_client.
 
 :class:`SnapshotMetrics` is a custom collector: each scrape turns the latest
-:class:`~oncekit.status.model.Snapshot` into metric families, so the numbers on the page and
+:class:`~oncekit.status.snapshot.Snapshot` into metric families, so the numbers on the page and
 the scraped ones are the same. Every metric is a gauge (a value read from the checkpoint or a
 service at the snapshot's time) except ``oncekit_restarts_total``, ``oncekit_aborted_batches_total`` and
 ``oncekit_stalled_batches_total``; :data:`METRICS` lists them
@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from oncekit.status.model import Snapshot
+from oncekit.status.snapshot import Snapshot
 
 METRICS: dict[str, str] = {
     "oncekit_last_planned_batch": "Newest batch id in Spark's offset log (planned)",

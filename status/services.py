@@ -1,4 +1,4 @@
-"""The status page's questions to the services, as the callables :class:`~oncekit.status.model.StatusCollector`
+"""The status page's questions to the services, as the callables :class:`~oncekit.status.collector.StatusCollector`
 takes: end offsets from Kafka's admin API, the kit's prepared transactions from PostgreSQL, open
 Kafka transactions from the broker's tool. Each opens what it needs per call and closes it, so a
 restarted service is simply asked again at the next refresh. Errors never carry a password.
@@ -17,7 +17,7 @@ from oncekit.connectors.postgres import PreparedTransaction, connect, prepared_t
 from oncekit.connectors.redact import redact_dsn
 from oncekit.core.errors import ServiceError
 from oncekit.status.kafka_transactions import KafkaTransaction, open_transactions
-from oncekit.status.model import EndOffsets, KafkaTransactionReader, PartitionOffsets, PreparedReader
+from oncekit.status.collector import EndOffsets, KafkaTransactionReader, PartitionOffsets, PreparedReader
 
 
 # librdkafka's own lines (a broker restarting: "Connect ... failed") go to DEBUG: the page shows
@@ -76,7 +76,7 @@ def kafka_transactions(config: KafkaConfig) -> KafkaTransactionReader:
 
 
 def collector_sources(bootstrap: str | None, dsn: str | None) -> dict[str, Any]:
-    """Keyword arguments for :class:`~oncekit.status.model.StatusCollector`: the real services
+    """Keyword arguments for :class:`~oncekit.status.collector.StatusCollector`: the real services
     that are given (a missing address leaves that part of the page empty)."""
     out: dict[str, Any] = {}
     if bootstrap:

@@ -38,13 +38,81 @@ function figure(label, value, attrs) {
   return el("div", Object.assign({class: "figure"}, attrs || {}), el("b", {}, value), label);
 }
 
+// Charts' axes: uPlot draws tick labels on its canvas, right-aligned against the plot, in a space
+// of fixed width unless told otherwise, so a wide label loses its leading digits. Each value axis
+// here is sized from its widest label, and counts are written short (21k).
+const AXIS_FONT = '12px system-ui, -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif';
+const measureContext = document.createElement("canvas").getContext("2d");
+const MIN_LAG_WINDOW_S = 60;
+// Tick steps for counts of records: whole numbers only (1, 2, 5, 10, 20, 25, 50, ...).
+const COUNT_INCRS = [1, 2, 5, ...Array.from({length: 12}, (_, e) => [1, 2, 2.5, 5].map(m => m * 10 ** (e + 1))).flat()];
+
+function textWidth(text) {
+  measureContext.font = AXIS_FONT;
+  return measureContext.measureText(text).width;
+}
+
+// uPlot's axis `size`: the widest label (CSS px) plus the axis's tick length and gap.
+function axisSize(u, values, axisIdx) {
+  const axis = u.axes[axisIdx];
+  const widest = Math.max(0, ...(values || []).filter(v => v !== null).map(v => textWidth(String(v))));
+  return Math.ceil(Math.max(30, widest + (axis.ticks.show ? axis.ticks.size : 0) + axis.gap + 2));
+}
+
+function compact(value) {
+  const abs = Math.abs(value);
+  for (const [unit, suffix] of [[1e9, "G"], [1e6, "M"], [1e3, "k"]]) {
+    if (abs >= unit) return String(+(value / unit).toFixed(2)) + suffix;
+  }
+  return value.toLocaleString("en", {maximumFractionDigits: 3});
+}
+
+function clock(seconds) {
+  const at = new Date(seconds * 1000);
+  return [at.getHours(), at.getMinutes(), at.getSeconds()].map(n => String(n).padStart(2, "0")).join(":");
+}
+
+// An axis's `values`: its labels, also kept on the chart's root (data-<key>) as drawn, for tests.
+function tickLabels(key, format) {
+  return (u, splits) => {
+    const out = splits.map(format);
+    u.root.dataset[key] = JSON.stringify(out);
+    return out;
+  };
+}
+
+function valueAxis(extra) {
+  return Object.assign({font: AXIS_FONT, size: axisSize, values: tickLabels("yTicks", compact)}, extra);
+}
+
+// The lag chart's time range: at least MIN_LAG_WINDOW_S, ending at the newest sample. Left to
+// itself, uPlot widens a single sample's time range by a day in milliseconds, which for
+// timestamps in seconds (ours) is 86,400,000 s: years.
+function lagWindow(u, min, max) {
+  const times = u.data[0];
+  if (!times.length || min === null) return [min, max];
+  const last = times[times.length - 1];
+  return last - times[0] < MIN_LAG_WINDOW_S ? [last - MIN_LAG_WINDOW_S, last] : [min, max];
+}
+
+// Lag counts from 0 to a round value above the largest (10 when all are 0).
+function fromZero(u, min, max) {
+  if (max === null) return [null, null];
+  const top = Math.max(max, 0) * 1.1;
+  if (top <= 0) return [0, 10];
+  const magnitude = Math.pow(10, Math.floor(Math.log10(top)));
+  return [0, [1, 2, 2.5, 5, 10].map(m => m * magnitude).find(v => v >= top)];
+}
+
 function plot(holder, name, title, series, data) {
   const opts = {
     title, width: 520, height: 200,
     scales: {x: {time: false}},
     series: [{label: "batch"}, ...series],
-    axes: [{label: "batch"}, {scale: series[0].scale, label: series[0].label},
-           ...(series[1] && series[1].scale !== series[0].scale ? [{scale: series[1].scale, side: 1, label: series[1].label, grid: {show: false}}] : [])],
+    axes: [{label: "batch", font: AXIS_FONT}, valueAxis({scale: series[0].scale, label: series[0].label}),
+           ...(series[1] && series[1].scale !== series[0].scale
+             ? [valueAxis({scale: series[1].scale, side: 1, label: series[1].label, grid: {show: false}, values: tickLabels("y2Ticks", compact)})]
+             : [])],
   };
   if (!charts[name]) {
     charts[name] = new uPlot(opts, data, holder);
@@ -73,19 +141,34 @@ function lagPlot(holder, query, takenAt) {
       for (const values of Object.values(history.series)) values.shift();
     }
   }
-  const labels = Object.keys(history.series).sort();
-  const chartKey = "lag:" + key + ":" + labels.join(",");
+  const names = Object.keys(history.series).sort();
+  const chartKey = "lag:" + key + ":" + names.join(",");
   const colors = ["#1565c0", "#ef6c00", "#2e7d32", "#6a1b9a", "#00838f", "#ad1457"];
-  const data = [history.times.slice(), ...labels.map(l => history.series[l].slice())];
+  const data = [history.times.slice(), ...names.map(l => history.series[l].slice())];
   if (!charts[chartKey]) {
     charts[chartKey] = new uPlot({
       title: "source lag per partition (records)", width: 520, height: 200,
-      series: [{}, ...labels.map((l, i) => ({label: l, stroke: colors[i % colors.length]}))],
+      scales: {x: {time: true, range: lagWindow}, y: {range: fromZero}},
+      series: [{}, ...names.map((l, i) => ({label: l, stroke: colors[i % colors.length]}))],
+      axes: [{font: AXIS_FONT, space: 70, values: tickLabels("xTicks", clock)}, valueAxis({incrs: COUNT_INCRS})],
+      hooks: {draw: [u => Object.assign(u.root.dataset, {xMin: u.scales.x.min, xMax: u.scales.x.max, yMax: u.scales.y.max,
+                                                         axisFont: AXIS_FONT})]},
     }, data, holder);
   } else {
     holder.append(charts[chartKey].root);
     charts[chartKey].setData(data);
   }
+}
+
+// A fan-out target's "committed" cell, by its commit mode (the snapshot's TargetStatus.commit_mode).
+function targetCommitted(target) {
+  if (target.commit_mode === "task") return "committed by its tasks";
+  const counted = fmt(target.committed_committables) + (target.committed_committables === 1 ? " committable, " : " committables, ")
+    + fmt(target.committed_rows) + " rows";
+  if (target.commit_mode === "checkpoint-complete") {
+    return (target.committed_committables ? counted : "none yet") + ", by the driver on checkpoint-complete";
+  }
+  return target.committed_committables ? counted : "–";
 }
 
 function queryCard(query, snapshot) {
@@ -131,10 +214,9 @@ function queryCard(query, snapshot) {
       el("td", {}, sink.pending.map(p => "batch " + p.batch_id + " (" + age(p.age_s) + (p.completed ? ", complete" : "") + ")").join(", ") || "none"),
       el("td", {}, age(oldest)), el("td", {}, fmt(sink.aborted_total))));
     for (const target of sink.targets) {
-      sinkRows.push(el("tr", {class: "muted"}, el("td", {}, "  → " + target.sink_id), el("td", {}, target.protocol),
-        el("td", {}, ""), el("td", {}, target.committed_committables
-          ? fmt(target.committed_committables) + " committables, " + fmt(target.committed_rows) + " rows"
-          : "committed by its tasks"),
+      sinkRows.push(el("tr", {class: "muted target", "data-target": target.sink_id, "data-commit-mode": target.commit_mode},
+        el("td", {}, "  → " + target.sink_id), el("td", {}, target.protocol),
+        el("td", {}, ""), el("td", {class: "committed"}, targetCommitted(target)),
         el("td", {}), el("td", {}), el("td", {}), el("td", {}), el("td", {}), el("td", {})));
     }
   }

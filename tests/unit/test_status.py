@@ -13,11 +13,12 @@ import pytest
 
 from oncekit.connectors.postgres import PreparedTransaction
 from oncekit.core.journal import Journal
-from oncekit.core.names import TransactionId
+from oncekit.core.names import StagedFile, TransactionId
 from oncekit.core.protocol import Committable
 from oncekit.status import kafka_transactions, metrics
+from oncekit.status.collector import StatusCollector, Watched
 from oncekit.status.kafka_transactions import KafkaTransaction
-from oncekit.status.model import Snapshot, StatusCollector, Thresholds, Watched
+from oncekit.status.snapshot import CommitMode, Snapshot, Thresholds
 
 T0 = 1_700_000_000.0
 NOW = T0 + 100.0
@@ -185,6 +186,52 @@ def test_status_targets_with_protocols(snapshot: Snapshot) -> None:
     targets = {t.sink_id: t for t in sink.targets}
     assert targets[BALANCES].protocol == "two-phase-commit" and targets[BALANCES].committed_committables == 3
     assert targets[UPDATES].protocol == "transactional" and targets[UPDATES].committed_rows == 21
+
+
+def fan_out_checkpoint(root: Path) -> None:
+    """A fan-out with a two-phase-commit target that committed batch 0 and waits for batch 1, a
+    write-ahead-log target whose only committable (batch 1) waits for its commit, and a second
+    two-phase-commit target that got no rows: the last two have committed nothing yet."""
+    journal = Journal(str(root), FANOUT)
+    for batch in (0, 1):
+        _write(root / "offsets" / str(batch), f"v1\n{{}}\n{json.dumps({'payments': end_of(batch)})}", T0 + 10 * batch)
+        _write(root / "commits" / str(batch), 'v1\n{"nextBatchWatermarkMs":0}', T0 + 10 * batch + 2)
+    journal.write(0, [Committable(BALANCES, 0, 0, 1, 5, transaction_id=str(TransactionId(BALANCES, 0, 0, 1)))])
+    journal.mark_done(0)
+    journal.write(1, [Committable(BALANCES, 1, 0, 2, 4, transaction_id=str(TransactionId(BALANCES, 1, 0, 2))),
+                      Committable("kafka-staged", 1, 0, 2, 3, staged_file=str(StagedFile(1, 0, 2)))])
+
+
+def test_status_fan_out_targets_commit_mode_follows_protocol_not_commits_seen(tmp_path: Path) -> None:
+    fan_out_checkpoint(tmp_path / "cp")
+    protocols = {FANOUT: "fan-out", BALANCES: "two-phase-commit", "kafka-staged": "write-ahead-log",
+                 "pg-idle": "two-phase-commit", UPDATES: "transactional"}
+    found = StatusCollector([Watched("pipeline", str(tmp_path / "cp"), protocols)], clock=lambda: NOW).collect()
+    targets = {t.sink_id: t for t in found.queries[0].sinks[0].targets}
+    assert {name: (t.protocol, t.commit_mode) for name, t in targets.items()} == {
+        BALANCES: ("two-phase-commit", CommitMode.CHECKPOINT), "kafka-staged": ("write-ahead-log", CommitMode.CHECKPOINT),
+        "pg-idle": ("two-phase-commit", CommitMode.CHECKPOINT), UPDATES: ("transactional", CommitMode.TASK)}
+    assert (targets[BALANCES].committed_committables, targets[BALANCES].committed_rows) == (1, 5)
+    assert targets["kafka-staged"].committed_committables == 0 and targets["pg-idle"].committed_committables == 0
+    page = json.loads(json.dumps(found.to_json()))  # what /api/status sends
+    shown = {t["sink_id"]: t["commit_mode"] for t in page["queries"][0]["sinks"][0]["targets"]}
+    assert shown == {BALANCES: "checkpoint-complete", "kafka-staged": "checkpoint-complete",
+                     "pg-idle": "checkpoint-complete", UPDATES: "task"}
+
+
+def test_status_fan_out_target_protocol_unknown_is_read_from_waiting_committables(tmp_path: Path) -> None:
+    fan_out_checkpoint(tmp_path / "cp")
+    found = StatusCollector([Watched("pipeline", str(tmp_path / "cp"))], clock=lambda: NOW).collect()
+    (sink,) = found.queries[0].sinks
+    assert sink.protocol == "fan-out"
+    assert [(t.sink_id, t.protocol, t.commit_mode) for t in sink.targets] == [
+        ("kafka-staged", "write-ahead-log", CommitMode.CHECKPOINT), (BALANCES, "two-phase-commit", CommitMode.CHECKPOINT)]
+
+
+def test_status_commit_mode_of_every_protocol() -> None:
+    assert [CommitMode.of(p) for p in ("two-phase-commit", "write-ahead-log", "transactional", "idempotent",
+                                       "at-least-once", "fan-out")] == [
+        CommitMode.CHECKPOINT, CommitMode.CHECKPOINT, CommitMode.TASK, CommitMode.TASK, CommitMode.TASK, CommitMode.UNKNOWN]
 
 
 def test_status_batch_not_committed_after_n_triggers_is_red(checkpoint: Path) -> None:

@@ -1,4 +1,4 @@
-"""The status page's figures: what checkpoints, their journals and the services say right now.
+"""What checkpoints, their journals and the services say right now, as one :class:`~oncekit.status.snapshot.Snapshot`.
 
 :class:`StatusCollector` reads, for each watched checkpoint location, Spark's offset and commit
 logs (:class:`~oncekit.core.spark_log.SparkLog`) and the kit's journal
@@ -6,16 +6,17 @@ logs (:class:`~oncekit.core.spark_log.SparkLog`) and the kit's journal
 query on a cluster with HDFS or S3 checkpoints from any machine that reaches them; and it asks
 the services through three callables (end offsets, prepared transactions, open Kafka
 transactions; :mod:`oncekit.status.services` has the real ones, tests pass fakes). Each
-:meth:`StatusCollector.collect` returns one immutable :class:`Snapshot`, plain data that the web
-page shows as JSON and :mod:`oncekit.status.metrics` turns into Prometheus metrics.
+:meth:`StatusCollector.collect` returns one immutable snapshot, which the status service of
+:mod:`oncekit.status.app` keeps for the page and :mod:`oncekit.status.metrics`.
 
 Times come from the files: a batch is planned when Spark writes ``offsets/<batch>``, its
 checkpoint completes when Spark writes ``commits/<batch>``, and its output is committed in the
 target when the journal's ``<batch>.done`` appears. Nothing here writes anywhere.
 
-Red states (each an :class:`Alert`): a prepared PostgreSQL or open Kafka transaction older than
-the transaction timeout; a journaled batch still not committed ``uncommitted_triggers`` batches
-later; source lag that grew in each of the last ``lag_growth_samples`` samples.
+Red states (each an :class:`~oncekit.status.snapshot.Alert`): a prepared PostgreSQL or open
+Kafka transaction older than the transaction timeout; a journaled batch still not committed
+``uncommitted_triggers`` batches later; source lag that grew in each of the last
+``lag_growth_samples`` samples.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from pyarrow.fs import FileSelector, FileType
@@ -35,9 +36,25 @@ from oncekit.core.errors import ConfigError
 from oncekit.core.journal import Journal
 from oncekit.core.names import TransactionId
 from oncekit.core.spark_log import SparkLog, batch_ids
-from oncekit.core.stalls import Stall, StallLog
+from oncekit.core.stalls import StallLog
 from oncekit.core.storage import list_names
 from oncekit.status.kafka_transactions import KafkaTransaction
+from oncekit.status.snapshot import (
+    AbortedBatch,
+    Alert,
+    BatchPoint,
+    CommitMode,
+    KafkaTransactionStatus,
+    PartitionLag,
+    PendingBatch,
+    PreparedStatus,
+    QueryStatus,
+    Restart,
+    SinkStatus,
+    Snapshot,
+    TargetStatus,
+    Thresholds,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -47,27 +64,6 @@ PartitionOffsets = Mapping[tuple[str, int], tuple[int | None, int | None]]
 EndOffsets = Callable[[Mapping[str, Sequence[int]]], PartitionOffsets]
 PreparedReader = Callable[[], Sequence[PreparedTransaction]]
 KafkaTransactionReader = Callable[[], Sequence[KafkaTransaction]]
-
-
-@dataclass(frozen=True)
-class Thresholds:
-    """When the page turns red. ``transaction_timeout_s`` should be the sinks' transaction
-    timeout (the Kafka sinks' default is 60 s): a transaction open longer has outlived every
-    commit the kit would make for it, and blocks readers or holds locks."""
-
-    transaction_timeout_s: float = 60.0
-    uncommitted_triggers: int = 3
-    lag_growth_samples: int = 6
-    lag_sample_interval_s: float = 10.0
-    history_batches: int = 200
-    stall_alert_s: float = 900.0  # how long a stall the batch watchdog recorded stays red
-
-    def __post_init__(self) -> None:
-        if self.transaction_timeout_s <= 0 or self.lag_sample_interval_s < 0:
-            raise ConfigError("status: transaction_timeout_s must be above 0 and lag_sample_interval_s not below 0")
-        if self.uncommitted_triggers < 1 or self.lag_growth_samples < 2 or self.history_batches < 1:
-            raise ConfigError("status: uncommitted_triggers and history_batches must be at least 1, "
-                              "lag_growth_samples at least 2")
 
 
 @dataclass(frozen=True)
@@ -81,155 +77,14 @@ class Watched:
     protocols: Mapping[str, str] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class BatchPoint:
-    batch_id: int
-    planned_at: float | None
-    completed_at: float | None
-    duration_s: float | None
-    records: int | None
-    committed_at: float | None
-    commit_latency_s: float | None  # checkpoint complete -> committed in every target
-
-
-@dataclass(frozen=True)
-class PendingBatch:
-    """A journaled batch whose commit has not reached the target yet."""
-
-    batch_id: int
-    age_s: float
-    completed: bool  # Spark logged it: only the commit is missing
-    behind: int  # batches planned since
-    committables: int
-    red: bool
-
-
-@dataclass(frozen=True)
-class TargetStatus:
-    sink_id: str
-    protocol: str
-    committed_committables: int
-    committed_rows: int
-
-
-@dataclass(frozen=True)
-class AbortedBatch:
-    """A journaled batch seen to leave the journal uncommitted (recovery aborted it: its
-    checkpoint never completed), or journaled anew (a re-run replaced the first attempt)."""
-
-    batch_id: int
-    seen_at: float
-    how: str
-
-
-@dataclass(frozen=True)
-class SinkStatus:
-    """One journal (a sink, or a fan-out with its targets). ``aborted`` holds what this page saw
-    since it started (the journal keeps no record of aborts), newest last."""
-
-    sink_id: str
-    protocol: str
-    targets: tuple[TargetStatus, ...]
-    journaled: int
-    committed: int
-    last_committed: int | None
-    commit_lag_batches: int
-    commit_latency_s: float | None
-    pending: tuple[PendingBatch, ...]
-    aborted: tuple[AbortedBatch, ...] = ()
-    aborted_total: int = 0
-
-
-@dataclass(frozen=True)
-class PartitionLag:
-    topic: str
-    partition: int
-    end_offset: int | None
-    stable_offset: int | None
-    planned_offset: int
-    completed_offset: int | None
-    lag: int | None
-
-
-@dataclass(frozen=True)
-class Restart:
-    at: float
-    query: str
-    cause: str
-
-
-@dataclass(frozen=True)
-class QueryStatus:
-    name: str
-    checkpoint: str
-    last_planned: int | None
-    last_completed: int | None
-    completed_batches: int
-    batches: tuple[BatchPoint, ...]
-    sinks: tuple[SinkStatus, ...]
-    partitions: tuple[PartitionLag, ...]
-    lag_records: int | None
-    lag_growing: bool
-    restarts: tuple[Restart, ...]
-    error: str | None = None
-    stalls: int = 0  # batch watchdog stalls ever recorded beside the checkpoint
-    stalls_recent: tuple[Stall, ...] = ()  # the newest first
-
-
-@dataclass(frozen=True)
-class PreparedStatus:
-    gid: str
-    sink_id: str | None
-    batch_id: int | None
-    partition_id: int | None
-    query: str | None
-    state: str
-    age_s: float
-    locks: int
-    relations: tuple[str, ...]
-    red: bool
-
-
-@dataclass(frozen=True)
-class KafkaTransactionStatus:
-    transactional_id: str
-    state: str
-    age_s: float
-    timeout_s: float
-    partitions: tuple[str, ...]
-    red: bool
-
-
-@dataclass(frozen=True)
-class Alert:
-    kind: str
-    message: str
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """Everything the page and /metrics show, at ``taken_at`` (seconds since the epoch). A
-    service that could not be asked leaves its list None and says why in ``errors``."""
-
-    taken_at: float
-    thresholds: Thresholds
-    queries: tuple[QueryStatus, ...]
-    prepared: tuple[PreparedStatus, ...] | None
-    kafka_transactions: tuple[KafkaTransactionStatus, ...] | None
-    kafka_transactions_at: float | None
-    alerts: tuple[Alert, ...]
-    errors: Mapping[str, str]
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def _protocol_of(committables: Sequence[Any]) -> str:
+def _protocol_of(committables: Sequence[Any]) -> str | None:
+    """What a sink's journaled committables, committed or not, say of its protocol; None when
+    there are none (a protocol that commits in the task journals none)."""
     if any(c.transaction_id for c in committables):
         return "two-phase-commit"
     if any(c.staged_file for c in committables):
         return "write-ahead-log"
-    return "commits in the task"
+    return None
 
 
 class _CheckpointCache:
@@ -366,6 +221,7 @@ class StatusCollector:
                 for committable in cache.done_entries[key]:
                     targets.setdefault(committable.sink_id, []).append(committable)
             pending = []
+            waiting: dict[str, list[Any]] = {}  # per target, the committables of batches not yet committed
             for batch_id in sorted(journaled - done):
                 try:
                     committables = journal.read(batch_id)
@@ -373,6 +229,7 @@ class StatusCollector:
                     continue
                 for committable in committables:
                     targets.setdefault(committable.sink_id, [])
+                    waiting.setdefault(committable.sink_id, []).append(committable)
                 behind = (last_planned - batch_id) if last_planned is not None else 0
                 pending.append(PendingBatch(batch_id, max(0.0, now - times[f"{batch_id}.json"]), batch_id in completed,
                                             behind, len(committables), behind >= self.thresholds.uncommitted_triggers))
@@ -382,11 +239,11 @@ class StatusCollector:
                     if target != sink_id:
                         targets.setdefault(target, [])
             target_status = tuple(
-                TargetStatus(target, watched.protocols.get(target) or _protocol_of(found), len(found),
-                             sum(c.rows for c in found))
+                self._target(target, watched.protocols.get(target), found, waiting.get(target, []))
                 for target, found in sorted(targets.items()) if target != sink_id)
             protocol = watched.protocols.get(sink_id) or (
-                "fan-out" if target_status else _protocol_of(targets.get(sink_id, [])))
+                "fan-out" if target_status
+                else _protocol_of(targets.get(sink_id, []) + waiting.get(sink_id, [])) or "commits in the task")
             latencies = [times[f"{b}.done"] - cache.completed_at[b] for b in sorted(done)[-1:] if b in cache.completed_at]
             out.append(SinkStatus(
                 sink_id, protocol, target_status, len(journaled), len(journaled & done),
@@ -394,6 +251,13 @@ class StatusCollector:
                 sum(1 for p in pending if p.completed), max(0.0, latencies[-1]) if latencies else None, tuple(pending),
                 tuple(cache.aborted.get(sink_id, ())), cache.aborted_total.get(sink_id, 0)))
         return tuple(out), committed_at
+
+    @staticmethod
+    def _target(sink_id: str, known: str | None, committed: Sequence[Any], waiting: Sequence[Any]) -> TargetStatus:
+        """A fan-out target: its protocol as the caller knows it, else as its committables say;
+        its commit mode from that protocol, never from whether it has committed anything yet."""
+        protocol = known or _protocol_of([*committed, *waiting]) or CommitMode.UNKNOWN.value
+        return TargetStatus(sink_id, protocol, CommitMode.of(protocol), len(committed), sum(c.rows for c in committed))
 
     @staticmethod
     def _observe_aborts(cache: _CheckpointCache, sink_id: str, pending: dict[int, float], done: set[int],
