@@ -1,7 +1,9 @@
 from __future__ import annotations
 
 import pytest
+from confluent_kafka import KafkaError, KafkaException
 
+from oncekit.connectors.kafka import retrying
 from oncekit.core.errors import ConfigError
 from oncekit.sources.kafka import KafkaSourceOptions, _resolve
 
@@ -82,3 +84,19 @@ def test_partitions_added_are_read_from_zero_and_fewer_are_refused() -> None:
         check_partitions(options, start, {("payments", 0): (0, 9)})
     lenient = KafkaSourceOptions.parse({"kafka.bootstrap.servers": "b:9092", "subscribe": "payments", "failOnDataLoss": "false"})
     check_partitions(lenient, start, {("payments", 0): (0, 9)})
+
+
+def test_watermark_attempt_on_a_client_without_the_partition_yet_is_asked_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A consumer made right after a broker restart can be asked about a partition before its
+    metadata holds it (_UNKNOWN_PARTITION); the soak's planner failed the query on it. The
+    planner asks again, on a new client."""
+    monkeypatch.setattr("oncekit.connectors.kafka.time.sleep", lambda _: None)
+    answers = iter([KafkaException(KafkaError(KafkaError._UNKNOWN_PARTITION)), {("t", 0): (0, 5)}])
+
+    def attempt() -> dict[tuple[str, int], tuple[int, int]]:
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    assert retrying("watermarks of t", attempt) == {("t", 0): (0, 5)}
