@@ -111,8 +111,11 @@ CLIENTS = ClientPool()
 """The process's pool; the source's readers and planner and the Kafka sinks take from it."""
 
 # What a cluster answers while a broker restarts or a partition's leader moves: asking again
-# (after librdkafka refreshed its metadata) is the cure, not failing the task or the query.
+# (after librdkafka refreshed its metadata) is the cure, not failing the task or the query. A
+# new client asked about a partition before its metadata holds it answers _UNKNOWN_PARTITION
+# (the soak's planner, on the consumer it made right after a broker restart).
 RETRIABLE = frozenset({KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN,
+                       KafkaError._UNKNOWN_PARTITION,
                        KafkaError.LEADER_NOT_AVAILABLE, KafkaError.NOT_LEADER_FOR_PARTITION,
                        KafkaError.FENCED_LEADER_EPOCH, KafkaError.UNKNOWN_LEADER_EPOCH,
                        KafkaError.OFFSET_NOT_AVAILABLE, KafkaError.NOT_COORDINATOR,

@@ -259,10 +259,9 @@ class MarkerLog:
                         f"after {settle_s:.0f} s")
                 time.sleep(0.05)
             except KafkaException as exc:
-                # An unknown partition: the topic grew since this consumer's metadata; the pool
-                # closed that consumer, and the next one asks afresh.
-                again = exc.args[0].code() in RETRIABLE or exc.args[0].retriable() \
-                    or exc.args[0].code() == KafkaError._UNKNOWN_PARTITION
+                # An unknown partition (in RETRIABLE): the topic grew since this consumer's
+                # metadata; the pool closed that consumer, and the next one asks afresh.
+                again = exc.args[0].code() in RETRIABLE or exc.args[0].retriable()
                 if not again or time.monotonic() > deadline:
                     raise
                 logger.info("kafka sink %s: marker read from %s[%s] again: %s", self.sink_id, self.topic, partition,
