@@ -124,10 +124,12 @@ def test_user_pipeline_on_standalone_cluster(services: Services, cluster: Standa
 
 # -- known-bad configurations: the checker must catch each --------------------------------------
 
-@pytest.mark.parametrize("pipeline", ["postgres-at-least-once", "kafka-at-least-once"])
+@pytest.mark.parametrize("pipeline", ["kafka-at-least-once"])
 def test_checker_catches_at_least_once_duplicates(services: Services, pipeline: str, campaign_tables: list[str]) -> None:
     """Every task wrote and committed, then the driver's commit failed: the restarted query runs
-    the batch again and writes its rows again."""
+    the batch again and writes its rows again. Spark's own Kafka sink is at-least-once, the case
+    the kit exists for; the same check on a table took another 80 s of CI for no new path of the
+    checker's (it compares ids, whichever system held them)."""
     report = run_campaign(pipeline, services, [Fault("crash", "driver_after_journal")], guarantee="exactly-once")
     text = record(report, pipeline, campaign_tables)
     assert report.results[0].fired and report.results[0].verdict == "duplicates", text
