@@ -135,16 +135,20 @@ T = TypeVar("T")
 def retrying(what: str, call: Callable[[], T], timeout_s: float = 30.0) -> T:
     """``call()``, asked again every half second while it fails with what a restarting broker or
     a moving leader answers (:data:`RETRIABLE`, or an error librdkafka marks retriable), for up to
-    ``timeout_s``; then its last error is raised. ``what`` names the call in the log. A ``call``
-    that borrows its client from :data:`CLIENTS` gets a new one for the next attempt."""
+    ``timeout_s``; then its last error is raised, its text naming ``what`` (which also names the
+    call in the log) and how long it was asked. A ``call`` that borrows its client from
+    :data:`CLIENTS` gets a new one for the next attempt."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
             return call()
         except KafkaException as exc:
             error = exc.args[0]
-            if not (error.code() in RETRIABLE or error.retriable()) or time.monotonic() >= deadline:
+            if not (error.code() in RETRIABLE or error.retriable()):
                 raise
+            if time.monotonic() >= deadline:
+                raise KafkaException(KafkaError(error.code(), f"{what}: {error.str()}, still after {timeout_s:.0f} s",
+                                                retriable=True)) from exc
             logger.info("%s: asking again after %s", what, error.str())
             time.sleep(0.5)
 

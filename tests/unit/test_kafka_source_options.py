@@ -100,3 +100,11 @@ def test_watermark_attempt_on_a_client_without_the_partition_yet_is_asked_again(
         return answer
 
     assert retrying("watermarks of t", attempt) == {("t", 0): (0, 5)}
+
+
+def test_watermark_query_that_keeps_failing_names_what_it_asked_and_how_long() -> None:
+    def attempt() -> None:
+        raise KafkaException(KafkaError(KafkaError._TRANSPORT, "Failed to get metadata: Local: Broker transport failure"))
+
+    with pytest.raises(KafkaException, match=r"watermarks of orders\[3\]: .*transport failure, still after 0 s"):
+        retrying("oncekit-kafka: watermarks of orders[3]", attempt, timeout_s=0.0)
