@@ -127,7 +127,16 @@ read's poll) on a pooled client. A client that lived through a broker restart ca
 request until its timeout although the broker is back (a 30 s list_topics in the source's
 planner failed the query 30 s after every 3 s broker stop of the soak; a marker read held the
 write-ahead publish 90 s). Callers ask with a short timeout and let the pool close the client
-that failed (:meth:`ClientPool.borrowed`), so the next attempt connects afresh."""
+that failed (:meth:`ClientPool.borrowed`), so the next attempt connects afresh; each attempt
+waits twice as long as the one before (:func:`attempt_timeout`)."""
+
+
+def attempt_timeout(attempt: int, deadline: float | None = None) -> float:
+    """The timeout of try number ``attempt`` (from 0) of a request asked again on new clients:
+    :data:`ATTEMPT_S`, doubled at each try, so that a new client on a loaded machine, which can
+    need longer than the first try allows, still gets its answer; never past ``deadline``."""
+    timeout: float = ATTEMPT_S * 2.0 ** min(attempt, 6)
+    return timeout if deadline is None else min(timeout, max(0.1, deadline - time.monotonic()))
 
 T = TypeVar("T")
 

@@ -25,7 +25,16 @@ import numpy as np
 import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from oncekit.connectors.kafka import ATTEMPT_S, CLIENTS, READ_AHEAD, RECONNECT, KafkaConfig, check_access, retrying
+from oncekit.connectors.kafka import (
+    ATTEMPT_S,
+    CLIENTS,
+    READ_AHEAD,
+    RECONNECT,
+    KafkaConfig,
+    attempt_timeout,
+    check_access,
+    retrying,
+)
 from oncekit.connectors.redact import redact_config
 from oncekit.core.errors import ConfigError, DataLossError, OncekitError, SourceReadError
 
@@ -279,18 +288,20 @@ def watermarks(options: KafkaSourceOptions) -> dict[tuple[str, int], tuple[int, 
     reader at every trigger, on a consumer of the process's pool. A broker that restarts delays
     the answer: each attempt (:func:`_watermarks_once`) asks on a consumer of its own."""
     names = ", ".join(options.topics) or options.topic_pattern
+    attempts = itertools.count()
     try:
-        return retrying(f"{FORMAT}: watermarks of {names}", lambda: _watermarks_once(options))
+        return retrying(f"{FORMAT}: watermarks of {names}",
+                        lambda: _watermarks_once(options, attempt_timeout(next(attempts))))
     except KafkaException:
         check_access(options.kafka)  # a refused password or certificate says so, not "transport failure"
         raise
 
 
-def _watermarks_once(options: KafkaSourceOptions) -> dict[tuple[str, int], tuple[int, int]]:
-    """One attempt of :func:`watermarks`, each request within :data:`ATTEMPT_S`; the consumer of
-    an attempt that failed is closed, not pooled, so the next attempt connects afresh."""
+def _watermarks_once(options: KafkaSourceOptions, timeout_s: float) -> dict[tuple[str, int], tuple[int, int]]:
+    """One attempt of :func:`watermarks`, each request within ``timeout_s``; the consumer of an
+    attempt that failed is closed, not pooled, so the next attempt connects afresh."""
     with options.borrowed_consumer() as consumer:
-        metadata = consumer.list_topics(timeout=ATTEMPT_S)
+        metadata = consumer.list_topics(timeout=timeout_s)
         out = {}
         topics = options.topics
         if options.topic_pattern is not None:
@@ -305,7 +316,7 @@ def _watermarks_once(options: KafkaSourceOptions) -> dict[tuple[str, int], tuple
                 raise KafkaException(described.error)
             for partition in sorted(described.partitions):
                 out[(topic, partition)] = consumer.get_watermark_offsets(TopicPartition(topic, partition),
-                                                                         timeout=ATTEMPT_S)
+                                                                         timeout=timeout_s)
         return out
 
 

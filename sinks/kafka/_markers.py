@@ -32,6 +32,7 @@ decided (and fences a newer zombie, aborting its open one).
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import time
@@ -41,7 +42,7 @@ from typing import Any
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewPartitions, NewTopic  # type: ignore[attr-defined]
 
-from oncekit.connectors.kafka import ATTEMPT_S, CLIENTS, RETRIABLE, KafkaConfig, client_log
+from oncekit.connectors.kafka import CLIENTS, RETRIABLE, KafkaConfig, attempt_timeout, client_log
 from oncekit.connectors.wait import wait_until
 from oncekit.core.deadline import bounded
 from oncekit.core.errors import ConfigError, ServiceError, UnsettledMarkerError
@@ -247,10 +248,12 @@ class MarkerLog:
         leader or a restarting broker answers until :data:`READ_S` passed."""
         start = time.monotonic()
         deadline = start + READ_S
+        attempts = itertools.count()
         while True:
             try:
                 with CLIENTS.borrowed((*self._client_key, "markers"), self._consumer) as consumer:
-                    value, settled = _last_record(consumer, TopicPartition(self.topic, partition), deadline)
+                    value, settled = _last_record(consumer, TopicPartition(self.topic, partition),
+                                                  attempt_timeout(next(attempts), deadline), deadline)
                 if settled:
                     return value
                 if time.monotonic() - start > settle_s:
@@ -277,18 +280,19 @@ class MarkerLog:
                                             logger=_CLIENT_LOG))
 
 
-def _last_record(consumer: Consumer, partition: TopicPartition, deadline: float) -> tuple[bytes | None, bool]:
+def _last_record(consumer: Consumer, partition: TopicPartition, timeout_s: float,
+                 deadline: float) -> tuple[bytes | None, bool]:
     """The value of the last record below ``partition``'s last stable offset, read from there
     backwards in windows of 8, 64, 512... records (None if the partition holds none), and whether
     the stable offset had reached the high watermark. The fetch responses tell both: the read
     ends at the stable offset (read_committed), and the cached watermark is the high one."""
-    low, stable = consumer.get_watermark_offsets(partition, timeout=_attempt(deadline), cached=False)
+    low, stable = consumer.get_watermark_offsets(partition, timeout=timeout_s, cached=False)
     window = 8
     while True:
         start = max(low, stable - window)
         consumer.assign([TopicPartition(partition.topic, partition.partition, start)])
         try:
-            last, end = _read_to_end(consumer, deadline)
+            last, end = _read_to_end(consumer, timeout_s, deadline)
             high = consumer.get_watermark_offsets(partition, cached=True)[1]
         finally:
             consumer.unassign()  # no fetches in the background while the consumer sits in the pool
@@ -297,11 +301,11 @@ def _last_record(consumer: Consumer, partition: TopicPartition, deadline: float)
         window *= 8
 
 
-def _read_to_end(consumer: Consumer, deadline: float) -> tuple[bytes | None, int]:
+def _read_to_end(consumer: Consumer, timeout_s: float, deadline: float) -> tuple[bytes | None, int]:
     """The value of the last record up to the end of the assigned partition, and the end's offset."""
     last = None
     while True:
-        message = consumer.poll(_attempt(deadline))
+        message = consumer.poll(min(timeout_s, max(0.1, deadline - time.monotonic())))
         if message is None:
             raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "no end of partition before the deadline"))
         error = message.error()
@@ -311,9 +315,3 @@ def _read_to_end(consumer: Consumer, deadline: float) -> tuple[bytes | None, int
             raise KafkaException(error)
         last = message.value()
 
-
-def _attempt(deadline: float) -> float:
-    """One request's timeout: :data:`~oncekit.connectors.kafka.ATTEMPT_S`, less near the read's
-    deadline. A request that times out closes its consumer (:meth:`MarkerLog._last` borrows it),
-    and the read asks again on a new one."""
-    return min(ATTEMPT_S, max(0.1, deadline - time.monotonic()))
