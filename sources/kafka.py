@@ -26,7 +26,6 @@ import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from oncekit.connectors.kafka import (
-    ATTEMPT_S,
     CLIENTS,
     READ_AHEAD,
     RECONNECT,
@@ -278,8 +277,10 @@ class KafkaPartitionReader:
 def _watermarks(consumer: Consumer, topic: str, partition: int) -> tuple[int, int]:
     """(low, high) of one partition, asked again while a broker restarts or its leader moves, so
     that a short broker outage delays the batch instead of failing the query."""
+    attempts = itertools.count()
     return retrying(f"{FORMAT}: watermarks of {topic}[{partition}]",
-                    lambda: consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=ATTEMPT_S))
+                    lambda: consumer.get_watermark_offsets(TopicPartition(topic, partition),
+                                                           timeout=attempt_timeout(next(attempts))))
 
 
 def watermarks(options: KafkaSourceOptions) -> dict[tuple[str, int], tuple[int, int]]:
