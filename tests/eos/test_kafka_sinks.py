@@ -11,6 +11,7 @@ import pytest
 from oncekit.connectors import KafkaConfig
 from oncekit.connectors.kafka import create_topic
 from oncekit.core.crash import POINTS, arm, fired
+from oncekit.core.errors import ConfigError
 from oncekit.sinks.kafka import kafka_sink
 from oncekit.verify import compare
 from tests.eos.pipeline import COUNT, PER_BATCH, integers, produce_input, read_committed, run_available_now
@@ -69,6 +70,36 @@ def test_kafka_transactional_non_deterministic_replay_is_caught_by_checksum(
         run_available_now(random_values(), sink, checkpoint)
     with pytest.raises(Exception, match="NonDeterministicReplayError|not deterministic"):
         run_available_now(random_values(), sink, checkpoint)
+
+
+def test_kafka_transactional_replay_with_another_partitioning_is_refused_before_any_task_writes(
+    spark: Any, kafka: KafkaConfig, topic: str, tmp_path: Path, crash_dir: Path,
+) -> None:
+    """Batch 1 of a plan with 4 partitions crashes after partition 3 committed; a restart whose
+    plan has 2 would replay it with partition 3's rows in partitions 0 and 1, which carry no
+    marker: written twice. The start is refused naming the batch; the earlier plan finishes the
+    batch, then the new plan runs on, exactly once (issue 21 item 5)."""
+    expected = produce_input(kafka, topic, COUNT)
+    out = f"{topic}-out"
+    create_topic(kafka, out, partitions=2)
+    sink = kafka_sink(kafka.bootstrap_servers, out, "transactional")
+    checkpoint = str(tmp_path / "checkpoint")
+
+    def frame(partitions: int) -> Any:
+        return as_values(integers(spark, kafka, topic, PER_BATCH).repartition(partitions, "id"))
+
+    arm(crash_dir, "task_after_pre_commit", batch_id=1, partition_id=3)
+    with pytest.raises(Exception):
+        run_available_now(frame(4), sink, checkpoint)
+    assert fired(crash_dir) == ["task_after_pre_commit"]
+    with pytest.raises(ConfigError, match="batch 1: the query's plan changed"):
+        run_available_now(frame(2), sink, checkpoint)
+    run_available_now(frame(4), sink, checkpoint)
+    expected += produce_input(kafka, topic, COUNT, first=COUNT)
+    run_available_now(frame(2), sink, checkpoint)
+
+    verdict = compare(expected, output(kafka, out, len(expected)))
+    assert verdict.exactly_once, verdict.summary()
 
 
 def test_kafka_sink_unserializable_value_fails_naming_sink_batch_row_and_column(
