@@ -23,6 +23,7 @@ from oncekit.core.deadline import bounded
 from oncekit.core.engine import CheckpointEngine
 from oncekit.core.errors import ConfigError, QueryStuckError, StallError
 from oncekit.core.protocol import SinkConfig
+from oncekit.core.spark.plan import refuse_changed_replay
 from oncekit.core.spark.writer import QueryRun
 from oncekit.core.spark_log import SparkLog
 from oncekit.core.stacks import process_stacks
@@ -330,6 +331,7 @@ def start_query(
     spark.dataSource.register(sink.data_source())
     if "://" not in checkpoint and not checkpoint.startswith("file:"):
         checkpoint = os.path.abspath(checkpoint)
+    refuse_changed_replay(frame, sink, checkpoint)
     run = QueryRun.started(listener=notify)
     writer = (frame.writeStream.format(sink.format_name).options(**sink.to_options(), **run.to_options())
               .option("checkpointLocation", checkpoint).outputMode(output_mode))
