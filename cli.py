@@ -35,6 +35,8 @@ def _demo(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace) -> int:
     from oncekit.verify import command
 
+    if args.lifecycle:
+        return command.lifecycle(args.backend, args.json)
     if args.soak:
         return command.soak(args.pipeline or "fan-out-postgres-kafka-wal", args.soak, args.seed, args.backend,
                             args.rate, args.fault_every, args.sample_every, args.json, args.periodic_faults)
@@ -198,6 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--secured", action="store_true", help=SECURED_HELP)
     check.add_argument("--soak", metavar="DURATION", help="instead of --faults: run this long (30m, 2h) at a steady "
                        "input rate with a fault every --fault-every seconds, printing what must stay bounded")
+    check.add_argument("--lifecycle", action="store_true", help="instead of --faults: the lifecycle cases (markers "
+                       "past offsets retention, speculation, a replay with another partitioning, slow upstream input, "
+                       "savepoints of a running query), each exactly-once or refused, on a broker of its own")
     check.add_argument("--rate", type=float, default=10.0, help="--soak: input records per second")
     check.add_argument("--fault-every", type=float, default=60.0, help="--soak: seconds between faults")
     check.add_argument("--sample-every", type=float, default=180.0, help="--soak: seconds between table rows")

@@ -28,6 +28,7 @@ from oncekit.core.protocol import Committable, Sink, SinkConfig, SinkOwner, Task
 from oncekit.core.crash import crash_point
 from oncekit.core.errors import CommitError
 from oncekit.core.journal import Journal
+from oncekit.core.lease import QueryLease
 from oncekit.core.spark_log import SparkLog
 
 if TYPE_CHECKING:
@@ -67,7 +68,7 @@ class CheckpointEngine:
         self.sink.preflight(resumed=self.journal.run() is not None)
         query_id = self.spark_log.query_id()
         if query_id is not None:  # Spark writes it before it creates the writer; a test harness may not
-            self.sink.claim(SinkOwner(query_id, self.location), _alive)
+            self.sink.claim(SinkOwner(query_id, self.location), owner_in_use)
 
     # -- task side ---------------------------------------------------------------------------
 
@@ -210,12 +211,26 @@ def _complete(batch_id: int, completed: set[int]) -> bool:
     return bool(completed) and batch_id <= max(completed)
 
 
-def _alive(owner: SinkOwner) -> bool:
-    """Whether ``owner``'s checkpoint still exists with its query id. One that cannot be read is
-    taken as alive: refusing is safe, taking its sink id over is not."""
-    found = SparkLog(owner.checkpoint)
-    try:
-        query_id = found.query_id()
-        return query_id == owner.query_id or (query_id is None and found.exists())
-    except OSError:
-        return True
+def owner_in_use(current: SinkOwner, owner: SinkOwner) -> str | None:
+    """Why the query ``current`` records still holds its sink id against ``owner``, or None:
+    another query whose checkpoint still exists with its query id (one that cannot be read is
+    taken as in use: refusing is safe, taking its sink id over is not); or the same query (a
+    savepoint restored elsewhere, or the original of one) running from another checkpoint, as
+    that checkpoint's lease says (:mod:`oncekit.core.lease`)."""
+    if current.query_id != owner.query_id:
+        found = SparkLog(current.checkpoint)
+        try:
+            recorded = found.query_id()
+            alive = recorded == current.query_id or (recorded is None and found.exists())
+        except OSError:
+            alive = True
+        return (f"already written by the query checkpointed at {current.checkpoint} (query id {current.query_id}). "
+                "Give one of them another sink_id, or delete the other checkpoint if that query is retired"
+                if alive else None)
+    if current.checkpoint != owner.checkpoint:
+        holder = QueryLease(current.checkpoint).holder()
+        if holder is not None:
+            return (f"the same query (id {current.query_id}: one checkpoint is a savepoint of the other) runs from "
+                    f"{current.checkpoint} ({holder.describe()}); the two would write the same transactions and abort "
+                    "each other's. Stop that query first")
+    return None

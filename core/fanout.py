@@ -169,9 +169,9 @@ class FanOutSink(Sink):
         wanted = None if batch_ids is None else list(batch_ids)
         return [c for sink in self.targets.values() for c in sink.leftovers(wanted)]
 
-    def claim(self, owner: SinkOwner, alive: Callable[[SinkOwner], bool]) -> None:
+    def claim(self, owner: SinkOwner, in_use: Callable[[SinkOwner, SinkOwner], str | None]) -> None:
         for sink in self.targets.values():
-            sink.claim(owner, alive)
+            sink.claim(owner, in_use)
 
     def forget(self, before_batch: int) -> None:
         for sink in self.targets.values():

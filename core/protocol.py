@@ -166,19 +166,19 @@ class Sink(ABC):
         names. The default holds nothing open."""
         return []
 
-    def claim(self, owner: SinkOwner, alive: Callable[[SinkOwner], bool]) -> None:
-        """Driver, at query start after ``preflight``: refuse a sink id that another query's
-        checkpoint still writes through (``alive`` says whether a recorded owner's checkpoint
-        still exists with its query id), else record ``owner``. Two checkpoints on one sink id
-        share transaction ids, markers and marker rows: each would take the other's batches for
-        its own and skip them. A checkpoint deleted to start over, or a savepoint restored (same
-        query id), takes the id over. Not atomic: two first starts at the same moment both pass."""
+    def claim(self, owner: SinkOwner, in_use: Callable[[SinkOwner, SinkOwner], str | None]) -> None:
+        """Driver, at query start after ``preflight``: refuse (ConfigError) a sink id whose
+        recorded owner still holds it (``in_use`` says why, or None when it does not: see
+        :func:`oncekit.core.engine.owner_in_use`), else record ``owner``. Two checkpoints on one
+        sink id share transaction ids, markers and marker rows: each would take the other's
+        batches for its own and skip them, or abort the other's transactions. A checkpoint
+        deleted to start over, or a savepoint restored (same query id) while its original is
+        stopped, takes the id over. Not atomic: two first starts at the same moment both pass."""
         current = self.recorded_owner()
-        if current is not None and current.query_id != owner.query_id and alive(current):
-            raise ConfigError(
-                f"sink {self.sink_id}: already written by the query checkpointed at {current.checkpoint} "
-                f"(query id {current.query_id}); this query's checkpoint is {owner.checkpoint}. Give one of them "
-                "another sink_id, or delete the other checkpoint if that query is retired")
+        if current is not None and current != owner:
+            reason = in_use(current, owner)
+            if reason is not None:
+                raise ConfigError(f"sink {self.sink_id}: {reason}; this query's checkpoint is {owner.checkpoint}")
         if current != owner:
             self.record_owner(owner)
 

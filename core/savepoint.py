@@ -9,7 +9,8 @@ A savepoint is a folder::
                                            sources, metadata, and the kit's journal (oncekit/)
 
 :func:`create` copies checkpoints of queries that are stopped (``ReferencePipeline.savepoint``
-stops them at a batch boundary first). A batch that was planned but not committed is kept, so
+stops them at a batch boundary first); a query whose checkpoint shows a live driver's lease
+(:mod:`oncekit.core.lease`), on this host or another, is refused. A batch that was planned but not committed is kept, so
 that a restore re-runs it as a restart would; journal entries of such a batch are left out,
 since what they name (prepared transactions, staged files) belongs to the original location.
 Journal entries of committed batches stay, with their staged files: a write-ahead-log batch
@@ -43,8 +44,9 @@ from pyarrow.fs import FileType, copy_files
 
 from oncekit.core.errors import SavepointError
 from oncekit.core.journal import Journal
+from oncekit.core.lease import LEASE, QueryLease
 from oncekit.core.spark_log import SparkLog
-from oncekit.core.storage import filesystem, list_names, read_bytes, write_atomically
+from oncekit.core.storage import delete_file, filesystem, list_names, read_bytes, write_atomically
 
 __all__ = ["METADATA", "SavedQuery", "Savepoint", "SavepointError", "check_compatible", "create", "delete", "location",
            "list_savepoints", "load", "restore"]
@@ -130,6 +132,11 @@ def create(checkpoint_root: str | Path, into: str | Path, name: str,
         spark_log = SparkLog(f"{root}/{query}")
         if not spark_log.exists():
             raise SavepointError(f"query {query} has no checkpoint at {root}/{query}; run the pipeline before a savepoint")
+        holder = QueryLease(f"{root}/{query}").holder()
+        if holder is not None and not holder.is_mine:
+            raise SavepointError(f"query {query} is running ({holder.describe()}); a savepoint copies a stopped "
+                                 "query's checkpoint only. Run 'oncekit savepoint create' where the pipeline runs "
+                                 "(it stops the pipeline with the savepoint), or stop the pipeline first")
         saved.append(SavedQuery(query, identity["sink_id"], identity["fingerprint"], spark_log.latest_completed(),
                                 spark_log.state_partitions()))
     staging = f"{folder}/.{name}.partial"
@@ -138,6 +145,7 @@ def create(checkpoint_root: str | Path, into: str | Path, name: str,
     for query, identity in queries.items():
         _copy(f"{root}/{query}", f"{staging}/{query}")
         _drop_uncommitted_journal(f"{staging}/{query}", identity["sink_id"])
+        delete_file(fs, f"{staging_path}/{query}/{LEASE}")  # the original's, released or about to be
     created_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
     payload = {"name": name, "created_at": created_at, "queries": [asdict(q) for q in saved], "versions": _versions()}
     write_atomically(fs, f"{staging_path}/{METADATA}", json.dumps(payload, indent=2).encode())

@@ -71,3 +71,38 @@ def soak(pipeline: str, duration: str, seed: int, backend: str, rate: float, fau
     if json_path:
         Path(json_path).write_text(json.dumps(report_dict(report), indent=2))
     return 0 if report.passed else 1
+
+
+def lifecycle(backend: str, json_path: str | None) -> int:
+    """``oncekit verify --lifecycle``: start a broker whose group offsets expire in a minute, run
+    the lifecycle cases (:mod:`oncekit.verify.lifecycle`) in a Spark session of this process,
+    print the table; 0 when every case ended as expected."""
+    import os
+    import tempfile
+
+    from oncekit.connectors import KafkaConfig
+    from oncekit.connectors.services import start_kafka
+    from oncekit.core.crash import CRASH_DIR_ENV
+    from oncekit.verify.lifecycle import BROKER_SETTINGS, Lifecycle, table
+
+    work = Path(tempfile.mkdtemp(prefix="oncekit-lifecycle-"))
+    crash_dir = work / "crash"
+    crash_dir.mkdir()
+    os.environ[CRASH_DIR_ENV] = str(crash_dir)  # before Spark starts its Python workers, which read it
+
+    from oncekit.core.spark.session import spark_session
+
+    kafka = start_kafka(backend, settings=BROKER_SETTINGS)
+    print(f"broker at {kafka.bootstrap_servers} (offsets.retention.minutes=1) ready; lifecycle cases in {work}",
+          flush=True)
+    spark = spark_session("oncekit-lifecycle", master="local[2]")
+    try:
+        results = Lifecycle(spark, KafkaConfig(kafka.bootstrap_servers), work, crash_dir).run(
+            lambda r: print(f"{r.case}: {'ok' if r.passed else 'FAILED'} ({r.seen})", flush=True))
+    finally:
+        spark.stop()
+        kafka.remove()
+    print(table(results))
+    if json_path:
+        Path(json_path).write_text(json.dumps([r.__dict__ for r in results], indent=2))
+    return 0 if all(r.passed for r in results) else 1

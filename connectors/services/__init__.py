@@ -14,6 +14,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 from oncekit.connectors.redact import redact_dsn
@@ -86,9 +87,11 @@ def start_services(backend: str = "auto", kafka_brokers: int = 1, secured: bool 
     return Services(chosen, kafka, postgres)
 
 
-def start_kafka(backend: str = "auto", brokers: int = 1) -> KafkaService:
+def start_kafka(backend: str = "auto", brokers: int = 1, settings: Mapping[str, str] | None = None) -> KafkaService:
     """Start Kafka alone (``brokers`` brokers) with ``backend`` (not ``external``): for tests that
-    need a second cluster beside the services they already have. Returns once it is ready."""
+    need a second cluster beside the services they already have, or a broker with other
+    ``settings`` (server properties over :func:`~oncekit.connectors.kafka.broker_properties`'s,
+    such as ``offsets.retention.minutes``). Returns once it is ready."""
     chosen = resolve_backend(backend)
     if brokers != 1 and brokers < 3:
         raise ConfigError(f"kafka_brokers={brokers}: run 1 broker, or 3 or more (replication factor 3)")
@@ -96,11 +99,11 @@ def start_kafka(backend: str = "auto", brokers: int = 1) -> KafkaService:
         _require_engine()
         from oncekit.connectors.services.containers import ContainerKafka
 
-        return ContainerKafka.create(brokers=brokers)
+        return ContainerKafka.create(brokers=brokers, settings=settings)
     if chosen == "local":
         from oncekit.connectors.services.local import LocalKafka
 
-        return LocalKafka.create(brokers=brokers)
+        return LocalKafka.create(brokers=brokers, settings=settings)
     raise ConfigError(f"the {chosen} backend starts no Kafka; point ONCEKIT_KAFKA_BOOTSTRAP at your cluster")
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from oncekit.connectors.services.base import KafkaCluster, KafkaService, PostgresService, Service, free_port, free_ports
@@ -152,13 +152,14 @@ class ContainerKafka(_ContainerService, KafkaService):
             self._network = network  # reconnect() puts a cluster's broker back on its cluster's network
 
     @classmethod
-    def create(cls, image: str | None = None, brokers: int = 1) -> KafkaService:
+    def create(cls, image: str | None = None, brokers: int = 1, settings: Mapping[str, str] | None = None) -> KafkaService:
         """One broker on the engine's default network, or a :class:`ContainerKafkaCluster` of
-        ``brokers`` brokers on a network of their own; returns once every broker is ready."""
+        ``brokers`` brokers on a network of their own, with ``settings`` over the kit's server
+        properties; returns once every broker is ready."""
         if brokers == 1:
             port, controller_port = free_ports(2)
             node = BrokerAddress(1, port, controller_port)
-            kafka = cls._launch(image, node, (node,), None)
+            kafka = cls._launch(image, node, (node,), None, settings)
             kafka.wait_ready()
             return kafka
         ports = free_ports(brokers)
@@ -170,7 +171,7 @@ class ContainerKafka(_ContainerService, KafkaService):
         cluster = ContainerKafkaCluster([], network)
         try:
             for node in nodes:
-                cluster.add(cls._launch(image, node, nodes, network))
+                cluster.add(cls._launch(image, node, nodes, network, settings))
             cluster.wait_ready()
         except BaseException:
             cluster.remove()
@@ -179,8 +180,8 @@ class ContainerKafka(_ContainerService, KafkaService):
 
     @classmethod
     def _launch(cls, image: str | None, node: BrokerAddress, cluster: Sequence[BrokerAddress],
-                network: str | None) -> ContainerKafka:
-        properties = broker_properties(node, cluster, bind_host="0.0.0.0")
+                network: str | None, settings: Mapping[str, str] | None = None) -> ContainerKafka:
+        properties = {**broker_properties(node, cluster, bind_host="0.0.0.0"), **(settings or {})}
         # The official image's convention: log.dirs -> KAFKA_LOG_DIRS, "_" -> "__", "-" -> "___".
         env = {
             "KAFKA_" + key.replace("-", "___").replace("_", "__").replace(".", "_").upper(): value

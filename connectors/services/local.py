@@ -15,6 +15,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import MappingProxyType
@@ -183,10 +184,10 @@ class LocalKafka(_LocalService, KafkaService):
         self._process = _Process([*self._java, "kafka.Kafka", str(self._config)], data_dir / "broker.log", pid)
 
     @classmethod
-    def create(cls, brokers: int = 1) -> KafkaService:
+    def create(cls, brokers: int = 1, settings: Mapping[str, str] | None = None) -> KafkaService:
         """One broker, or a :class:`KafkaCluster` of ``brokers`` brokers on loopback (they share
-        the host's, so one listener serves clients and the other brokers alike); returns once
-        every broker is ready."""
+        the host's, so one listener serves clients and the other brokers alike), with ``settings``
+        over the kit's server properties; returns once every broker is ready."""
         ports = free_ports(2 * brokers)
         nodes = [BrokerAddress(i + 1, ports[2 * i], ports[2 * i + 1]) for i in range(brokers)]
         cluster = KafkaCluster(backend="local")
@@ -197,7 +198,8 @@ class LocalKafka(_LocalService, KafkaService):
                                 node.controller_port, node_id=node.node_id))
                 cluster.add(made[-1])
             with ThreadPoolExecutor(brokers) as pool:  # a JVM each, some seconds: at once
-                list(pool.map(lambda kafka, node: kafka._format(broker_properties(node, nodes)), made, nodes))
+                list(pool.map(lambda kafka, node: kafka._format({**broker_properties(node, nodes), **(settings or {})}),
+                              made, nodes))
             cluster.start()  # together: no broker is ready before a majority of the quorum runs
         except BaseException:
             cluster.remove()

@@ -22,6 +22,7 @@ from pyspark.sql.streaming.listener import StreamingQueryListener
 from oncekit.core.deadline import bounded
 from oncekit.core.engine import CheckpointEngine
 from oncekit.core.errors import ConfigError, QueryStuckError, StallError
+from oncekit.core.lease import EXPIRES_S, RENEW_S, QueryLease
 from oncekit.core.protocol import SinkConfig
 from oncekit.core.spark.plan import refuse_changed_replay
 from oncekit.core.spark.writer import QueryRun
@@ -138,7 +139,18 @@ class BatchWatchdog:
         self._done.set()
 
     def _watch(self) -> None:
+        lease = QueryLease(self.checkpoint)
+        try:
+            self._watch_batches(lease)
+        finally:
+            try:
+                lease.release()
+            except OSError as exc:
+                logger.warning("query %s: could not release its lease: %s", self.name, exc)
+
+    def _watch_batches(self, lease: QueryLease) -> None:
         log = SparkLog(self.checkpoint)
+        renewed = time.monotonic()
         every = min(max(self.timeout_s / 10, 0.5), 10.0)
         pending: tuple[int, float] | None = None  # (planned, not committed batch; when first seen so)
         threadless = 0
@@ -146,6 +158,9 @@ class BatchWatchdog:
             try:
                 if not self.query.isActive:
                     return
+                if time.monotonic() - renewed >= RENEW_S:
+                    lease.renew()
+                    renewed = time.monotonic()
                 planned, completed = log.latest_planned(), log.latest_completed()
             except Exception as exc:  # noqa: BLE001 - a session going away, storage unreachable: look again
                 logger.debug("query %s: watchdog could not look: %s", self.name, exc)
@@ -207,6 +222,18 @@ def refuse_speculation(spark: SparkSession, sink: SinkConfig) -> None:
     if speculation == "true":
         raise ConfigError(f"sink {sink.sink_id}: spark.speculation=true runs two attempts of a task at once, which "
                           "exactly-once sinks cannot share a partition with; set spark.speculation=false")
+
+
+def take_lease(checkpoint: str) -> None:
+    """Called by :func:`start_query`: refuse a checkpoint whose query another live driver runs
+    (on this host or another: :mod:`oncekit.core.lease`), else take its lease."""
+    lease = QueryLease(checkpoint)
+    holder = lease.holder()
+    if holder is not None and not holder.is_mine:
+        raise ConfigError(f"the query checkpointed at {checkpoint} is running ({holder.describe()}); two drivers on "
+                          f"one checkpoint write the same transactions and abort each other's. Stop it first; a "
+                          "driver that died leaves a lease that lapses within {EXPIRES_S:.0f} s")
+    lease.renew()
 
 
 def batch_timeout_s(spark: SparkSession, trigger: dict[str, Any] | None, given: float | None) -> float:
@@ -331,6 +358,7 @@ def start_query(
     spark.dataSource.register(sink.data_source())
     if "://" not in checkpoint and not checkpoint.startswith("file:"):
         checkpoint = os.path.abspath(checkpoint)
+    take_lease(checkpoint)
     refuse_changed_replay(frame, sink, checkpoint)
     run = QueryRun.started(listener=notify)
     writer = (frame.writeStream.format(sink.format_name).options(**sink.to_options(), **run.to_options())

@@ -1,0 +1,53 @@
+"""The query lease in checkpoint storage (issue 21 item 9): who runs a query, seen from any host."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+from oncekit.core.engine import owner_in_use
+from oncekit.core.lease import EXPIRES_S, LEASE, QueryLease
+from oncekit.core.protocol import SinkOwner
+
+
+def _write(checkpoint: Path, **lease: object) -> None:
+    (checkpoint / LEASE).parent.mkdir(parents=True, exist_ok=True)
+    (checkpoint / LEASE).write_text(json.dumps(lease))
+
+
+def test_taken_renewed_and_released_by_this_process(tmp_path: Path) -> None:
+    lease = QueryLease(str(tmp_path))
+    assert lease.holder() is None
+    lease.renew()
+    held = lease.holder()
+    assert held is not None and held.is_mine and held.pid == os.getpid()
+    lease.release()
+    assert lease.holder() is None
+
+
+def test_another_hosts_lease_holds_until_it_expires(tmp_path: Path) -> None:
+    _write(tmp_path, host="other-host", pid=1, process="x", renewed_at=time.time() - 5)
+    held = QueryLease(str(tmp_path)).holder()
+    assert held is not None and not held.is_mine and "on other-host" in held.describe()
+    QueryLease(str(tmp_path)).release()  # not ours: kept
+    assert QueryLease(str(tmp_path)).holder() is not None
+    _write(tmp_path, host="other-host", pid=1, process="x", renewed_at=time.time() - EXPIRES_S - 1)
+    assert QueryLease(str(tmp_path)).holder() is None
+
+
+def test_a_dead_process_on_this_host_holds_nothing(tmp_path: Path) -> None:
+    dead = 2**22 + 12345  # above pid_max's default: no such process
+    _write(tmp_path, host=socket.gethostname(), pid=dead, process="x", renewed_at=time.time())
+    assert QueryLease(str(tmp_path)).holder() is None
+
+
+def test_a_restored_savepoint_is_refused_while_its_original_runs(tmp_path: Path) -> None:
+    original, restored = tmp_path / "original", tmp_path / "restored"
+    _write(original, host="other-host", pid=1, process="x", renewed_at=time.time())
+    reason = owner_in_use(SinkOwner("q1", str(original)), SinkOwner("q1", str(restored)))
+    assert reason is not None and "runs from" in reason and "other-host" in reason
+    (original / LEASE).unlink()
+    assert owner_in_use(SinkOwner("q1", str(original)), SinkOwner("q1", str(restored))) is None
