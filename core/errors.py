@@ -45,6 +45,11 @@ class NonDeterministicReplayError(OncekitError):
     """A replayed batch would write other records than the committed attempt wrote."""
 
 
+class ReplayError(OncekitError):
+    """A checkpoint replays a batch that a sink cannot compare with what it wrote (the checkpoint
+    is older than the sink's output); the message says what to do."""
+
+
 class TaskInputCutError(OncekitError):
     """Spark stopped sending a task's input before its end (the task was killed, or what fed it
     failed); the task commits nothing and Spark's retry or the query's restart replays it."""

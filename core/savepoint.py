@@ -45,11 +45,12 @@ from pyarrow.fs import FileType, copy_files
 from oncekit.core.errors import SavepointError
 from oncekit.core.journal import Journal
 from oncekit.core.lease import LEASE, QueryLease
+from oncekit.core.protocol import SinkConfig
 from oncekit.core.spark_log import SparkLog
 from oncekit.core.storage import delete_file, filesystem, list_names, read_bytes, write_atomically
 
-__all__ = ["METADATA", "SavedQuery", "Savepoint", "SavepointError", "check_compatible", "create", "delete", "location",
-           "list_savepoints", "load", "restore"]
+__all__ = ["METADATA", "REPLAY_AFTER_RESTORE", "SavedQuery", "Savepoint", "SavepointError", "check_compatible", "create",
+           "delete", "location", "list_savepoints", "load", "replay_notes", "restore"]
 
 logger = logging.getLogger(__name__)
 
@@ -217,6 +218,40 @@ def restore(path: str | Path, checkpoint_root: str | Path, queries: Mapping[str,
         _copy(f"{savepoint.path}/{query.name}", f"{root}/{query.name}")
     logger.info("savepoint %s restored into %s", savepoint.name, root)
     return savepoint
+
+
+REPLAY_AFTER_RESTORE = {
+    ("oncekit-kafka-sink", "transactional"): "compared with the markers' history (100 batches): the same records are "
+    "not written again, other records are refused (NonDeterministicReplayError), older batches are refused (ReplayError)",
+    ("oncekit-kafka-sink", "write-ahead-log"): "compared with the markers' history (100 batches): the same records are "
+    "not published again, other records are refused (NonDeterministicReplayError), older batches are refused (ReplayError)",
+    ("oncekit-postgres", "write-ahead-log"): "not written again while the sink's checkpoint table records them (as "
+    "long as Spark keeps their commit files, 100 batches by default), written again after that; not compared",
+    ("oncekit-postgres", "two-phase-commit"): "written again",
+    ("oncekit-postgres", "idempotent"): "written again in place: the same keys, the same rows",
+}
+"""What happens to the batches a sink wrote after a savepoint's last batch when the restored
+pipeline replays them, per (sink format, protocol); at-least-once sinks write them again."""
+
+
+def replay_notes(savepoint: Savepoint, sinks: Mapping[str, SinkConfig]) -> list[str]:
+    """For ``oncekit savepoint restore``: per query, from which batch on the restored pipeline
+    replays what its sinks (``sinks``: query name -> sink, fan-outs taken apart) may have
+    written since the savepoint, and what each sink does with those batches."""
+    from oncekit.core.fanout import FanOutConfig
+
+    notes = []
+    for query in savepoint.queries:
+        config = sinks.get(query.name)
+        if config is None:
+            continue
+        targets = list(config.targets.values()) if isinstance(config, FanOutConfig) else [config]
+        after = "its first batch" if query.batch_id is None else f"batch {query.batch_id}"
+        notes.append(f"query {query.name} resumes after {after}; batches its sinks wrote after the savepoint are:")
+        for target in targets:
+            what = REPLAY_AFTER_RESTORE.get((target.format_name, target.protocol), "written again")
+            notes.append(f"  {target.sink_id} ({target.protocol}): {what}")
+    return notes
 
 
 def delete(path: str | Path) -> None:

@@ -92,6 +92,8 @@ def savepoint(action: str, name: str | None, into: str, timeout_s: float, config
         scale = f" with {state_partitions} state partitions" if state_partitions else ""
         print(f"restored {restored.name} into {pipeline.checkpoint}{scale}; start it with: oncekit pipeline run "
               f"--checkpoint {pipeline.checkpoint}")
+        for note in savepoints.replay_notes(restored, {name: pipeline.sink() for name in QUERIES}):
+            print(note)
         return 0
     name = name or datetime.now(timezone.utc).strftime("savepoint-%Y%m%dT%H%M%SZ")
     created = request_savepoint(pipeline.checkpoint, folder, name, timeout_s)

@@ -308,12 +308,13 @@ class KafkaSinkBase:
                                  headers={"oncekit.error": f"{where}: row {first_row + row}: too large"})
 
     def publish(self, producer: SinkProducer, records: RecordStream, writer: int, batch_id: int,
-                where: str, go_ahead: Callable[[int, str], bool] = lambda rows, checksum: True) -> int:
+                where: str, marker_of: Callable[[int, str], BatchMarker | None]) -> int:
         """Write ``records`` and ``writer``'s batch marker in one transaction, and commit it;
         return the rows written. Records are produced part by part as they arrive, so librdkafka
         sends while Spark still delivers the task's input, and the commit waits only for the
-        last part. ``go_ahead`` hears the rows and checksum once the last part is in; if it says
-        no, the transaction is aborted and nothing is written (0 is returned).
+        last part. ``marker_of`` hears the rows and checksum once the last part is in and gives
+        the marker to commit them with; None aborts the transaction, and nothing is written (0
+        is returned).
 
         Input slower than the transaction may stay open (Spark computing an expensive upstream,
         a catch-up batch after downtime) would have the coordinator abort it, and every retry
@@ -354,10 +355,11 @@ class KafkaSinkBase:
                     self.produce(producer, part, where, first_row=produced)
                     produced += len(part)
             total = checksum(rows, crc_total)
-            if not go_ahead(rows, total):
+            marker = marker_of(rows, total)
+            if marker is None:
                 _abort_transaction(producer, where)
                 return 0
-            self.markers.produce(producer, writer, BatchMarker(batch_id, rows, total))
+            self.markers.produce(producer, writer, marker)
             crash_point("kafka_commit", batch_id, writer)
             _commit_transaction(producer, where)
             if producer.failures:  # commit refuses a transaction with failed records; belt and braces

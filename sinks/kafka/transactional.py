@@ -1,8 +1,10 @@
 """The transactional Kafka sink: each task writes through a producer whose ``transactional.id``
 is stable per (sink, partition), so a zombie attempt is fenced, and commits at the end of the
-task with its batch marker. A replayed batch finds the marker and writes nothing (the records it
-streamed into its transaction are aborted); a checksum that differs exposes a non-deterministic
-replay. Output is visible as soon as each task commits."""
+task with its batch marker. A replayed batch finds its marker (the latest, or one the latest
+remembers) and writes nothing (the records it streamed into its transaction are aborted); a
+checksum that differs exposes a non-deterministic replay, and a batch older than the markers
+remember is refused (:meth:`BatchMarker.replayed`). Output is visible as soon as each task
+commits."""
 
 from __future__ import annotations
 
@@ -13,11 +15,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pyarrow as pa
 
 from oncekit.core.deadline import bounded
-from oncekit.core.errors import NonDeterministicReplayError
 from oncekit.core.names import KafkaTransactionalId
 from oncekit.core.protocol import TaskCommitSink, TaskInfo
 from oncekit.sinks.kafka._common import FORMAT, KafkaSinkBase, RecordStream, SinkProducer
-from oncekit.sinks.kafka._markers import READ_S, SETTLE_S
+from oncekit.sinks.kafka._markers import READ_S, SETTLE_S, BatchMarker
 
 logger = logging.getLogger(__name__)
 
@@ -41,23 +42,19 @@ class KafkaTransactionalSink(KafkaSinkBase, TaskCommitSink):
                                           READ_S if producer.fresh else SETTLE_S)
             replayed: list[int] = []
 
-            def first_time(rows: int, checksum: str) -> bool:
+            def marker_of(rows: int, checksum: str) -> BatchMarker | None:
                 found = bounded(f"{where}: marker read", 2 * READ_S + 10, marker.result)
-                if found is None or found.batch_id < task.batch_id:
-                    return True
-                if found.batch_id == task.batch_id and found.checksum != checksum:
-                    raise NonDeterministicReplayError(
-                        f"{where}: the batch is committed with {found.rows} records (checksum {found.checksum}), "
-                        f"but its replay has {rows} (checksum {checksum}); the pipeline is not deterministic, so "
-                        "exactly-once cannot hold"
-                    )
-                replayed.append(found.batch_id)
-                return False
+                if found is None:
+                    return BatchMarker(task.batch_id, rows, checksum)
+                publish = found.replayed(task.batch_id, rows, checksum, where)
+                if publish is None:
+                    replayed.append(task.batch_id)
+                return publish
 
-            rows = self.publish(producer, records, task.partition_id, task.batch_id, where, first_time)
+            rows = self.publish(producer, records, task.partition_id, task.batch_id, where, marker_of)
             if replayed:
-                logger.info("%s txn %s: already committed (marker of batch %s); wrote nothing", where,
-                            transactional_id, replayed[0])
+                logger.info("%s txn %s: already committed with the same records; wrote nothing", where,
+                            transactional_id)
                 return 0
             logger.info("%s txn %s: committed %s records", where, transactional_id, rows)
             return rows

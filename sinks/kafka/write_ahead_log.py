@@ -15,8 +15,8 @@ from oncekit.core.errors import OncekitError
 from oncekit.core.names import KafkaTransactionalId
 from oncekit.core.protocol import CommitOutcome, Committable, WriteAheadSink
 from oncekit.core.staging import StagedFiles
-from oncekit.sinks.kafka._common import FORMAT, KafkaSinkBase, RecordStream, SinkProducer
-from oncekit.sinks.kafka._markers import READ_S, SETTLE_S
+from oncekit.sinks.kafka._common import FORMAT, KafkaSinkBase, RecordStream, SinkProducer, checksum
+from oncekit.sinks.kafka._markers import READ_S, SETTLE_S, BatchMarker
 
 if TYPE_CHECKING:
     from oncekit.sinks.kafka.config import KafkaSinkConfig
@@ -45,9 +45,14 @@ class KafkaWriteAheadSink(KafkaSinkBase, WriteAheadSink):
             # Published before (a repeated notification, or another one meanwhile)? A new
             # producer's init_transactions has settled the id: its read may wait longer.
             marker = self.markers.latest(PUBLISHER, where, READ_S if producer.fresh else SETTLE_S)
-            if marker is not None and marker.batch_id >= batch_id:
+            if marker is None:
+                return self.publish(producer, records, PUBLISHER, batch_id, where,
+                                    lambda rows, checksum: BatchMarker(batch_id, rows, checksum))
+            if marker.batch_id == batch_id or (marker.batch_id > batch_id and self._replay_matches(
+                    marker, batch_id, committables, where)):
                 return -1
-            return self.publish(producer, records, PUBLISHER, batch_id, where)
+            return self.publish(producer, records, PUBLISHER, batch_id, where,
+                                lambda rows, checksum: marker.replayed(batch_id, rows, checksum, where))
 
         try:
             published = self.commit_with_fencing(KafkaTransactionalId(self.sink_id), where, attempt)
@@ -62,6 +67,22 @@ class KafkaWriteAheadSink(KafkaSinkBase, WriteAheadSink):
         if published < 0:
             return CommitOutcome.ALREADY_COMMITTED
         return CommitOutcome.COMMITTED if published or not any(c.rows for c in committables) else CommitOutcome.ALREADY_COMMITTED
+
+    def _replay_matches(self, marker: BatchMarker, batch_id: int, committables: Sequence[Committable],
+                        where: str) -> bool:
+        """A batch older than the last one published: either another notification published it
+        and discarded its staged files since (True), or the checkpoint is older than the sink's
+        output (an old savepoint restored) and the staged replay is compared with what was
+        published then (:meth:`BatchMarker.replayed`: True when the same, raises when not, False
+        for a batch the publisher never had: publish it)."""
+        rows = crc_total = 0
+        try:
+            for committable, batches in self.staged_batches(batch_id, committables):
+                for part in RecordStream.of(batches, f"{where} partition {committable.partition_id}"):
+                    rows, crc_total = rows + len(part), crc_total + part.crc_total
+        except FileNotFoundError:
+            return True
+        return marker.replayed(batch_id, rows, checksum(rows, crc_total), where) is None
 
     def _wait_for_marker(self, batch_id: int, where: str, timeout_s: float = 60.0) -> bool:
         deadline = time.monotonic() + timeout_s

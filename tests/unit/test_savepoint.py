@@ -136,3 +136,32 @@ def test_stop_with_savepoint_request_into_a_uri_is_answered_by_the_runner(tmp_pa
         thread.join()
     assert saved is not None and saved.path == f"{into}/asked"
     assert request_savepoint(checkpoint, into, "again", timeout_s=1) is None  # nobody runs there now
+
+
+def test_savepoint_of_a_query_another_driver_runs_is_refused_and_the_lease_is_not_copied(tmp_path: Path) -> None:
+    import json
+    import time
+
+    root = fake_checkpoint(tmp_path / "cp")
+    lease = root / "balances" / "oncekit" / "lease"
+    lease.write_text(json.dumps({"host": "other-host", "pid": 7, "process": "x", "renewed_at": time.time()}))
+    with pytest.raises(SavepointError, match=r"query balances is running \(driver pid 7 on other-host"):
+        create(root, tmp_path / "sp", "live", QUERIES)
+    lease.write_text(json.dumps({"host": "other-host", "pid": 7, "process": "x", "renewed_at": time.time() - 600}))
+    saved = create(root, tmp_path / "sp", "stopped", QUERIES)  # a lapsed lease: its driver is gone
+    assert not (Path(saved.path) / "balances" / "oncekit" / "lease").exists()
+
+
+def test_restore_says_per_protocol_what_happens_to_batches_written_after_the_savepoint(tmp_path: Path) -> None:
+    from oncekit.core.fanout import fan_out
+    from oncekit.core.savepoint import replay_notes
+    from oncekit.sinks.kafka import kafka_sink
+    from oncekit.sinks.postgres import postgres_sink
+
+    saved = create(fake_checkpoint(tmp_path / "cp"), tmp_path / "sp", "first", QUERIES)
+    sink = fan_out({"table": postgres_sink("postgresql://h/db", "t", "two-phase-commit"),
+                    "topic": kafka_sink("h:9092", "out", "transactional")})
+    notes = replay_notes(saved, {"balances": sink})
+    assert notes[0] == "query balances resumes after batch 1; batches its sinks wrote after the savepoint are:"
+    assert any(n.startswith("  pg-t (two-phase-commit): written again") for n in notes)
+    assert any(n.startswith("  kafka-out (transactional): compared with the markers' history") for n in notes)
