@@ -32,10 +32,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 # What differs between two analyzations of one plan: expression ids (value#12, offset#4L), JVM
-# object identities (PythonDataSourceV2@17f325e) and the 64-bit seeds Spark draws for
-# expressions given none (uuid(Some(-607...)), shuffle(a, Some(591...)), rand(447...)); a
-# partition count (splits=Some(1), Repartition 4) is never ten digits long.
-_VOLATILE = re.compile(r"#\d+L?\b|@[0-9a-f]+\b|-?\d{10,}")
+# object identities (PythonDataSourceV2@17f325e), the node ids Spark draws (EventTimeWatermark
+# 46413dd7-7ae3-...) and the 64-bit seeds it draws for expressions given none
+# (uuid(Some(-607...)), shuffle(a, Some(591...)), rand(447...)); a partition count
+# (splits=Some(1), Repartition 4) is never ten digits long.
+_VOLATILE = re.compile(r"#\d+L?\b|@[0-9a-f]+\b|\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b|-?\d{10,}")
 
 
 def fingerprint(frame: DataFrame) -> str | None:
