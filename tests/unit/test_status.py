@@ -57,6 +57,8 @@ def checkpoint(tmp_path: Path) -> Path:
         if batch <= 2:
             journal.mark_done(batch)
             os.utime(root / "oncekit" / FANOUT / "journal" / f"{batch}.done", (start + 2.5, start + 2.5))
+    for name in ("lease", "plan"):  # what start_query keeps beside the journals (files, not sink folders)
+        (root / "oncekit" / name).write_text("{}")
     return root
 
 
