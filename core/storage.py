@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import uuid
 
-from pyarrow.fs import FileSelector, FileSystem, LocalFileSystem
+from pyarrow.fs import FileSelector, FileSystem, FileType, LocalFileSystem
 
 
 def filesystem(location: str) -> tuple[FileSystem, str]:
@@ -77,10 +77,11 @@ def read_bytes(fs: FileSystem, path: str) -> bytes:
         return bytes(source.read())
 
 
-def list_names(fs: FileSystem, directory: str) -> list[str]:
-    """Base names of the entries of ``directory``; empty when it does not exist."""
+def list_names(fs: FileSystem, directory: str, folders_only: bool = False) -> list[str]:
+    """Base names of the entries of ``directory`` (of its folders only, with ``folders_only``);
+    empty when it does not exist."""
     infos = fs.get_file_info(FileSelector(directory, allow_not_found=True))
-    return [info.base_name for info in infos]
+    return [info.base_name for info in infos if not folders_only or info.type == FileType.Directory]
 
 
 def delete_file(fs: FileSystem, path: str) -> None:

@@ -201,7 +201,7 @@ class StatusCollector:
         marked it committed."""
         out = []
         committed_at: dict[int, float] = {}
-        for sink_id in sorted(list_names(log.fs, f"{log.root}/oncekit")):
+        for sink_id in sorted(list_names(log.fs, f"{log.root}/oncekit", folders_only=True)):
             if "journal" not in list_names(log.fs, f"{log.root}/oncekit/{sink_id}"):
                 continue
             journal = Journal(watched.checkpoint, sink_id)
