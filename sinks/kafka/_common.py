@@ -403,7 +403,10 @@ class KafkaSinkBase:
         except KafkaException as exc:
             # A commit that failed for records names them only in their delivery reports.
             text = exc.args[0].str() + (f" ({producer.failures[0]})" if producer.failures else "")
-            gone = exc.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART or "Unknown topic" in text
+            # A deleted topic shows as an unknown topic, or, while the producer's metadata still
+            # lists it, as an unknown partition in a record's delivery report.
+            gone = exc.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART or "Unknown topic" in text \
+                or "Unknown partition" in text
             hint = (f"; topic {self.config.topic} is gone (deleted while the query ran?): restart the query, whose "
                     "preflight creates it again, and the batch is replayed") if gone else ""
             raise OncekitError(f"{where}: transaction {transactional_id} failed: {text}{hint}") from exc
