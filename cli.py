@@ -64,7 +64,7 @@ def _pipeline(args: argparse.Namespace) -> int:
     from oncekit.reference import commands
 
     return commands.run_pipeline(args.config, _overrides(args), args.from_savepoint, ui_port=args.ui,
-                                 state_partitions=args.state_partitions)
+                                 state_partitions=args.state_partitions, standby=args.standby)
 
 
 def _savepoint(args: argparse.Namespace) -> int:
@@ -110,6 +110,9 @@ parse their flags here and make one call into :mod:`oncekit.reference` or :mod:`
     run.add_argument("--from-savepoint", help="a savepoint folder to start from (the checkpoint location must be new)")
     run.add_argument("--state-partitions", type=int, metavar="N", help=STATE_PARTITIONS_HELP)
     run.add_argument("--ui", type=int, metavar="PORT", help="serve the status page and /metrics on this port while it runs")
+    run.add_argument("--standby", action="store_true", help="start Spark and the pipeline's queries' plans now, then "
+                     "wait until no other driver holds the checkpoints (its process gone, or its lease lapsed) and "
+                     "take over")
     config_flags(run)
     run.set_defaults(run=_pipeline)
 

@@ -45,6 +45,11 @@ class NonDeterministicReplayError(OncekitError):
     """A replayed batch would write other records than the committed attempt wrote."""
 
 
+class LeaseLostError(OncekitError):
+    """Another driver holds the query's lease (:mod:`oncekit.core.lease`): this one was paused
+    past its expiry and a standby took over, so this one stops its query."""
+
+
 class ReplayError(OncekitError):
     """A checkpoint replays a batch that a sink cannot compare with what it wrote (the checkpoint
     is older than the sink's output); the message says what to do."""

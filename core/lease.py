@@ -3,12 +3,17 @@ host can tell: a savepoint is not taken from a running query's checkpoint, and a
 savepoint does not start beside the query it was taken from (both would write the same
 transaction names and abort each other's).
 
-``<checkpoint>/oncekit/lease``: ``{"host", "pid", "process", "renewed_at"}`` (seconds since the
-epoch). Taken by :func:`~oncekit.core.spark.query.start_query` before the query starts, renewed
-every :data:`RENEW_S` by its batch watchdog, released when the query ends. A lease not renewed
-for :data:`EXPIRES_S` is void (its driver died or lost the storage); one of a process that is
-gone from this host is void at once. Clocks of the hosts are taken to agree within seconds, as
-Kafka and Spark themselves assume.
+``<checkpoint>/oncekit/lease``: ``{"host", "pid", "process", "renewed_at", "run"}`` (seconds
+since the epoch; ``run`` the query run's token, :class:`~oncekit.core.spark.writer.QueryRun`).
+Taken by :func:`~oncekit.core.spark.query.start_query` before the query starts, renewed every
+:data:`RENEW_S` by its batch watchdog, released when the query ends. A lease not renewed for
+:data:`EXPIRES_S` is void (its driver died or lost the storage); one of a process that is gone
+from this host is void at once. A standby driver waits for a void lease (:func:`wait_free`).
+A driver that finds its lease taken by another run (it was paused past the expiry, and a
+standby took over) stops its query, and its stream writer refuses to journal a batch
+(:func:`require_held`). Clocks of the hosts are taken to agree within seconds, as Kafka and
+Spark themselves assume. The lease is advisory: two standbys that find it void at the same
+moment both take it, so run one standby per pipeline.
 """
 
 from __future__ import annotations
@@ -18,8 +23,10 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
+from oncekit.core.errors import CommitError
 from oncekit.core.storage import delete_file, filesystem, read_bytes, write_atomically
 
 LEASE = "oncekit/lease"
@@ -36,10 +43,11 @@ class Lease:
     pid: int
     process: str
     renewed_at: float
+    run: str = ""
 
     @classmethod
-    def mine(cls) -> Lease:
-        return cls(socket.gethostname(), os.getpid(), _PROCESS, time.time())
+    def mine(cls, run: str) -> Lease:
+        return cls(socket.gethostname(), os.getpid(), _PROCESS, time.time(), run)
 
     @property
     def is_mine(self) -> bool:
@@ -70,12 +78,41 @@ class QueryLease:
             return None
         return None if found.void() else found
 
-    def renew(self) -> None:
-        """Driver: take or renew the lease for this process."""
-        write_atomically(self.fs, self.path, json.dumps(asdict(Lease.mine())).encode())
+    def renew(self, run: str) -> None:
+        """Driver: take or renew the lease for this process's query run ``run``."""
+        write_atomically(self.fs, self.path, json.dumps(asdict(Lease.mine(run))).encode())
 
     def release(self) -> None:
         """Driver, when its query ended: give the lease up, if this process holds it."""
         held = self.holder()
         if held is not None and held.is_mine:
             delete_file(self.fs, self.path)
+
+
+def require_held(checkpoint: str, run: str, where: str) -> None:
+    """Stream writer, before it journals a batch of query run ``run``: raise CommitError when
+    another run holds the query's lease (this driver was paused past the expiry and another took
+    over). A void lease is no reason to stop: no other driver holds it (a Spark Connect client
+    that went away leaves its query's lease to lapse)."""
+    holder = QueryLease(checkpoint).holder()
+    if holder is not None and holder.run and holder.run != run:
+        raise CommitError(f"{where}: the query's lease is held by another driver ({holder.describe()}); this one lost "
+                          "it and journals nothing, so the batch is left to that driver")
+
+
+def wait_free(checkpoints: Sequence[str], poll_s: float = 0.2, announce: Callable[[str], None] = lambda text: None,
+              ) -> None:
+    """A standby driver, warmed up: return once no live driver holds any of ``checkpoints``'
+    leases (at once when the holder's process is gone from this host, else when its lease
+    lapses). ``announce`` hears who holds them while it waits."""
+    told: set[tuple[str, str]] = set()
+    while True:
+        held = [(checkpoint, holder) for checkpoint in checkpoints
+                if (holder := QueryLease(checkpoint).holder()) is not None and not holder.is_mine]
+        if not held:
+            return
+        for checkpoint, holder in held:
+            if (checkpoint, holder.process) not in told:
+                told.add((checkpoint, holder.process))
+                announce(f"standby: {checkpoint} is run by {holder.describe()}; waiting")
+        time.sleep(poll_s)

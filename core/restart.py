@@ -20,9 +20,11 @@ import tenacity
 from oncekit.core.errors import (
     AccessError,
     ConfigError,
+    LeaseLostError,
     NonDeterministicReplayError,
     OncekitError,
     QueryStuckError,
+    ReplayError,
     RestartsExhaustedError,
 )
 
@@ -123,7 +125,8 @@ def strategy_from_config(config: Mapping[str, Any]) -> RestartStrategy:
 # certificate, a pipeline that replays differently), or cannot start at all (a stuck query that
 # Spark still holds), so they stop at once. ConfigError is not among them: a broker still
 # starting can answer metadata without a topic that exists.
-UNRESTARTABLE: tuple[type[OncekitError], ...] = (AccessError, NonDeterministicReplayError, QueryStuckError)
+UNRESTARTABLE: tuple[type[OncekitError], ...] = (AccessError, LeaseLostError, NonDeterministicReplayError, QueryStuckError,
+                                                 ReplayError)
 
 
 def restartable(error: BaseException) -> bool:

@@ -19,6 +19,7 @@ from oncekit.connectors.kafka import KafkaConfig, create_topic
 from oncekit.connectors.services import load_state
 from oncekit.core import savepoint as savepoints
 from oncekit.core.errors import ConfigError
+from oncekit.core.lease import wait_free
 from oncekit.core.savepoint_stop import StopRequests, request_savepoint
 from oncekit.core.spark.session import spark_session
 from oncekit.reference import generator
@@ -30,13 +31,18 @@ if TYPE_CHECKING:
 
 
 def run_pipeline(config_path: str | None, overrides: Mapping[str, Any], from_savepoint: str | None = None,
-                 ui_port: int | None = None, state_partitions: int | None = None) -> int:
+                 ui_port: int | None = None, state_partitions: int | None = None, standby: bool = False) -> int:
     """``oncekit pipeline run``: run the pipeline under its restart strategy (from a savepoint, if
     given, its state rescaled to ``state_partitions`` if given) until it drains the topic, fails
     for good, or is asked to stop with a savepoint. With ``ui_port``, the status page serves on
-    that port while it runs."""
+    that port while it runs. With ``standby``, Spark and the queries' plans are made first, then
+    it waits until no other driver holds the checkpoints (:func:`oncekit.core.lease.wait_free`)."""
     pipeline = ReferencePipeline(load_with_services(config_path, overrides))
     spark = spark_session("oncekit-pipeline")
+    if standby:
+        pipeline.queries(spark)  # the sources registered and the plans analyzed while it waits
+        wait_free([f"{pipeline.checkpoint}/{name}" for name in QUERIES], announce=print)
+        print("standby: taking over", flush=True)
     if from_savepoint:
         restored = pipeline.restore(spark, from_savepoint, state_partitions)
         print(f"restored savepoint {restored.name} into {pipeline.checkpoint}")

@@ -21,7 +21,7 @@ from pyspark.sql.streaming.listener import StreamingQueryListener
 
 from oncekit.core.deadline import bounded
 from oncekit.core.engine import CheckpointEngine
-from oncekit.core.errors import ConfigError, QueryStuckError, StallError
+from oncekit.core.errors import ConfigError, LeaseLostError, OncekitError, QueryStuckError, StallError
 from oncekit.core.lease import EXPIRES_S, RENEW_S, QueryLease
 from oncekit.core.protocol import SinkConfig
 from oncekit.core.spark.plan import refuse_changed_replay
@@ -125,9 +125,9 @@ class BatchWatchdog:
     inside the process can mend. Started by :func:`start_query`; one daemon thread, which ends
     with the query."""
 
-    def __init__(self, query: StreamingQuery, checkpoint: str, name: str, timeout_s: float) -> None:
-        self.query, self.checkpoint, self.name, self.timeout_s = query, checkpoint, name, timeout_s
-        self.stall: StallError | None = None
+    def __init__(self, query: StreamingQuery, checkpoint: str, name: str, timeout_s: float, run: str = "") -> None:
+        self.query, self.checkpoint, self.name, self.timeout_s, self.run = query, checkpoint, name, timeout_s, run
+        self.stall: OncekitError | None = None  # a StallError, or LeaseLostError when another driver took over
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._watch, name=f"oncekit-batch-watchdog {name}", daemon=True)
 
@@ -159,7 +159,11 @@ class BatchWatchdog:
                 if not self.query.isActive:
                     return
                 if time.monotonic() - renewed >= RENEW_S:
-                    lease.renew()
+                    holder = lease.holder()
+                    if holder is not None and holder.run and holder.run != self.run:
+                        self._lost(holder.describe())
+                        return
+                    lease.renew(self.run)
                     renewed = time.monotonic()
                 planned, completed = log.latest_planned(), log.latest_completed()
             except Exception as exc:  # noqa: BLE001 - a session going away, storage unreachable: look again
@@ -181,6 +185,15 @@ class BatchWatchdog:
                 self._stalled(planned, waited, f"query {self.name} batch {planned}: planned and not committed "
                                                f"after {waited:.0f} s (batch timeout {self.timeout_s:.0f} s)")
                 return
+
+    def _lost(self, holder: str) -> None:
+        self.stall = LeaseLostError(f"query {self.name}: its lease is held by another driver ({holder}); this driver "
+                                    f"lost it (paused for more than {EXPIRES_S:.0f} s?) and stops its query")
+        logger.error("%s", self.stall)
+        try:
+            bounded(f"query {self.name}: stop after losing its lease", STOP_S, self.query.stop)
+        except Exception as exc:  # noqa: BLE001 - the writer refuses to journal meanwhile (require_held)
+            logger.warning("query %s: stop after losing its lease: %s", self.name, exc)
 
     def _stalled(self, batch: int, waited: float, message: str) -> None:
         logger.error("%s; stopping the query for its restart strategy. Where the driver's processes wait:\n%s",
@@ -224,16 +237,16 @@ def refuse_speculation(spark: SparkSession, sink: SinkConfig) -> None:
                           "exactly-once sinks cannot share a partition with; set spark.speculation=false")
 
 
-def take_lease(checkpoint: str) -> None:
+def take_lease(checkpoint: str, run: str) -> None:
     """Called by :func:`start_query`: refuse a checkpoint whose query another live driver runs
-    (on this host or another: :mod:`oncekit.core.lease`), else take its lease."""
+    (on this host or another: :mod:`oncekit.core.lease`), else take its lease for ``run``."""
     lease = QueryLease(checkpoint)
     holder = lease.holder()
     if holder is not None and not holder.is_mine:
         raise ConfigError(f"the query checkpointed at {checkpoint} is running ({holder.describe()}); two drivers on "
                           f"one checkpoint write the same transactions and abort each other's. Stop it first; a "
                           "driver that died leaves a lease that lapses within {EXPIRES_S:.0f} s")
-    lease.renew()
+    lease.renew(run)
 
 
 def batch_timeout_s(spark: SparkSession, trigger: dict[str, Any] | None, given: float | None) -> float:
@@ -358,9 +371,9 @@ def start_query(
     spark.dataSource.register(sink.data_source())
     if "://" not in checkpoint and not checkpoint.startswith("file:"):
         checkpoint = os.path.abspath(checkpoint)
-    take_lease(checkpoint)
-    refuse_changed_replay(frame, sink, checkpoint)
     run = QueryRun.started(listener=notify)
+    take_lease(checkpoint, run.token or "")
+    refuse_changed_replay(frame, sink, checkpoint)
     writer = (frame.writeStream.format(sink.format_name).options(**sink.to_options(), **run.to_options())
               .option("checkpointLocation", checkpoint).outputMode(output_mode))
     if trigger:
@@ -372,5 +385,5 @@ def start_query(
     query = writer.start()
     if watcher is not None:
         watcher.watch(str(query.id), sink, checkpoint)
-    watchdog = BatchWatchdog(query, checkpoint, query_name or sink.sink_id, timeout_s).start()
+    watchdog = BatchWatchdog(query, checkpoint, query_name or sink.sink_id, timeout_s, run.token or "").start()
     return OncekitQuery(query, sink, checkpoint, watcher, watchdog)

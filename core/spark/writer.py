@@ -34,6 +34,7 @@ from pyspark.sql.types import StructType
 from oncekit.core.engine import CheckpointEngine
 from oncekit.core.errors import ConfigError, TaskInputCutError
 from oncekit.core.fanout import FanOutConfig
+from oncekit.core.lease import require_held
 from oncekit.core.protocol import Committable, SinkConfig, TaskInfo
 
 if TYPE_CHECKING:
@@ -145,7 +146,10 @@ class EngineStreamWriter(DataSourceStreamArrowWriter):
         return EngineCommitMessage(engine.write_task(task, whole_input(iterator, task, engine.sink.commits_in_task)))
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        """Driver: every task succeeded; journal the batch before Spark logs it as committed."""
+        """Driver: every task succeeded; journal the batch before Spark logs it as committed,
+        unless another driver has taken the query's lease over (:func:`~oncekit.core.lease.require_held`)."""
+        if self.run.token is not None:
+            require_held(self.checkpoint, self.run.token, f"sink {self.config.sink_id} batch {batchId}")
         self._engine().checkpoint(batchId, _committables(messages), listener=self.run.listener)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:

@@ -8,8 +8,11 @@ import socket
 import time
 from pathlib import Path
 
+import pytest
+
 from oncekit.core.engine import owner_in_use
-from oncekit.core.lease import EXPIRES_S, LEASE, QueryLease
+from oncekit.core.errors import CommitError
+from oncekit.core.lease import EXPIRES_S, LEASE, QueryLease, require_held, wait_free
 from oncekit.core.protocol import SinkOwner
 
 
@@ -21,9 +24,9 @@ def _write(checkpoint: Path, **lease: object) -> None:
 def test_taken_renewed_and_released_by_this_process(tmp_path: Path) -> None:
     lease = QueryLease(str(tmp_path))
     assert lease.holder() is None
-    lease.renew()
+    lease.renew("run-1")
     held = lease.holder()
-    assert held is not None and held.is_mine and held.pid == os.getpid()
+    assert held is not None and held.is_mine and held.pid == os.getpid() and held.run == "run-1"
     lease.release()
     assert lease.holder() is None
 
@@ -51,3 +54,21 @@ def test_a_restored_savepoint_is_refused_while_its_original_runs(tmp_path: Path)
     assert reason is not None and "runs from" in reason and "other-host" in reason
     (original / LEASE).unlink()
     assert owner_in_use(SinkOwner("q1", str(original)), SinkOwner("q1", str(restored))) is None
+
+
+def test_a_driver_whose_lease_another_run_took_journals_nothing(tmp_path: Path) -> None:
+    QueryLease(str(tmp_path)).renew("mine")
+    require_held(str(tmp_path), "mine", "sink s batch 3")
+    _write(tmp_path, host="other-host", pid=1, process="x", renewed_at=time.time(), run="standby")
+    with pytest.raises(CommitError, match=r"sink s batch 3: the query's lease is held by another driver \(driver pid 1 on other-host"):
+        require_held(str(tmp_path), "mine", "sink s batch 3")
+    (tmp_path / LEASE).unlink()
+    require_held(str(tmp_path), "mine", "sink s batch 3")  # lapsed or released: nobody else holds it
+
+
+def test_a_standby_waits_until_the_lease_is_void(tmp_path: Path) -> None:
+    told: list[str] = []
+    _write(tmp_path, host="other-host", pid=1, process="x", renewed_at=time.time() - EXPIRES_S + 0.5, run="active")
+    started = time.monotonic()
+    wait_free([str(tmp_path)], poll_s=0.05, announce=told.append)
+    assert 0.3 < time.monotonic() - started < 5 and told and "waiting" in told[0]
