@@ -81,7 +81,7 @@ class CheckpointEngine:
 
     # -- driver side -------------------------------------------------------------------------
 
-    def checkpoint(self, batch_id: int, committables: Sequence[Committable], listener: bool = False) -> None:
+    def checkpoint(self, batch_id: int, committables: Sequence[Committable], notified: bool = False) -> None:
         """Driver, in the stream writer's commit for ``batch_id``, before Spark's commit log:
         catch up on earlier completed checkpoints, journal this one, abort what lost attempts
         left open (of this batch, and strays of earlier ones: a killed task on a slow executor
@@ -90,10 +90,11 @@ class CheckpointEngine:
         checkpoint-complete notification is still the sink's to hear (and the crash points' to
         test). Refuses to journal a committable that is no longer held open (CommitError).
 
-        With a ``listener``, the previous batch is left to it: it is most likely committing
-        that batch right now, and two committers of one batch fence each other (Kafka) or wait
-        on each other's locks (PostgreSQL). The catch-up then reaches only the batch before."""
-        self.complete(batch_id - (2 if listener else 1))
+        When ``notified`` (a listener or the run's committer delivers notifications), the previous
+        batch is left to it: it is most likely committing that batch right now, and two committers
+        of one batch fence each other (Kafka) or wait on each other's locks (PostgreSQL). The
+        catch-up then reaches only the batch before."""
+        self.complete(batch_id - (2 if notified else 1))
         held = [c for c in self.sink.leftovers() if c.batch_id <= batch_id]
         missing = sorted(c.name for c in committables if c.key not in {h.key for h in held})
         if missing:

@@ -3,7 +3,10 @@
 ``start_query`` registers the sink's Spark format, attaches one :class:`CheckpointListener` per
 SparkSession, starts the query and a :class:`BatchWatchdog` for it. The listener and the
 watchdog run in the user's driver process, where Spark delivers query progress; they reach the
-journal and Spark's logs through storage, like everything else.
+journal and Spark's logs through storage, like everything else. From a Spark Connect client the
+query runs in the server's driver and a listener would run in the client, which may go away
+while the query runs on: there the run's committer on the server delivers the notifications
+(:mod:`~oncekit.core.spark.committer`), and the client attaches no listener.
 """
 
 from __future__ import annotations
@@ -288,9 +291,10 @@ class OncekitQuery:
     Everything else is the StreamingQuery's own."""
 
     def __init__(self, query: StreamingQuery, sink: SinkConfig, checkpoint: str,
-                 watcher: CheckpointListener | None = None, watchdog: BatchWatchdog | None = None) -> None:
+                 watcher: CheckpointListener | None = None, watchdog: BatchWatchdog | None = None,
+                 committer: bool = False) -> None:
         self.query, self.sink, self.checkpoint, self.watcher = query, sink, checkpoint, watcher
-        self.watchdog = watchdog
+        self.watchdog, self.committer = watchdog, committer
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.query, name)
@@ -307,14 +311,14 @@ class OncekitQuery:
         return CheckpointEngine.of(self.sink, self.checkpoint).complete()
 
     def _stopped(self) -> None:
-        # The listener commits the last batches (their progress events, then the termination);
-        # wait until it has, rather than race it (two publishers of one Kafka batch fence each
-        # other), then commit whatever it left.
+        # The listener (or the server's committer) commits the last batches: their progress
+        # events, then the termination. Wait until it has, rather than race it (two publishers
+        # of one Kafka batch fence each other), then commit whatever it left.
         engine = CheckpointEngine.of(self.sink, self.checkpoint)
         deadline = time.monotonic() + LAST_NOTIFICATION_WAIT_S
         query_id = str(self.query.id)
-        while (self.watcher is not None and not self.watcher.terminated(query_id) and engine.uncommitted()
-               and time.monotonic() < deadline):
+        while ((self.committer or (self.watcher is not None and not self.watcher.terminated(query_id)))
+               and engine.uncommitted() and time.monotonic() < deadline):
             time.sleep(0.05)
         engine.complete()
 
@@ -361,7 +365,9 @@ def start_query(
 
     ``trigger`` takes DataStreamWriter.trigger's keywords (``{"availableNow": True}``).
     With ``notify=False`` no listener is attached (as with a plain ``format(...)`` query):
-    completion then reaches the sink when the next batch starts. ``batch_timeout`` (seconds;
+    completion then reaches the sink when the next batch starts. On a Spark Connect session the
+    notifications come from a committer process on the server instead of a listener
+    (:mod:`~oncekit.core.spark.committer`), whether or not the client stays attached. ``batch_timeout`` (seconds;
     default the session's ``spark.oncekit.batchTimeoutSeconds``, else 5 minutes or 10 triggers,
     whichever is longer; ``float("inf")`` for none) is how long a planned batch may take to
     commit before the query is stopped as stalled (:class:`BatchWatchdog`).
@@ -371,7 +377,8 @@ def start_query(
     spark.dataSource.register(sink.data_source())
     if "://" not in checkpoint and not checkpoint.startswith("file:"):
         checkpoint = os.path.abspath(checkpoint)
-    run = QueryRun.started(listener=notify)
+    remote = is_connect(spark)
+    run = QueryRun.started(listener=notify and not remote, committer=notify and remote)
     take_lease(checkpoint, run.token or "")
     refuse_changed_replay(frame, sink, checkpoint)
     writer = (frame.writeStream.format(sink.format_name).options(**sink.to_options(), **run.to_options())
@@ -381,9 +388,14 @@ def start_query(
     if query_name:
         writer = writer.queryName(query_name)
     timeout_s = batch_timeout_s(spark, trigger, batch_timeout)
-    watcher = listener(spark) if notify else None
+    watcher = listener(spark) if run.listener else None
     query = writer.start()
     if watcher is not None:
         watcher.watch(str(query.id), sink, checkpoint)
     watchdog = BatchWatchdog(query, checkpoint, query_name or sink.sink_id, timeout_s, run.token or "").start()
-    return OncekitQuery(query, sink, checkpoint, watcher, watchdog)
+    return OncekitQuery(query, sink, checkpoint, watcher, watchdog, run.committer)
+
+
+def is_connect(spark: SparkSession) -> bool:
+    """Whether ``spark`` is a Spark Connect client's session (its queries run on the server)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")

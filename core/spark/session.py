@@ -2,7 +2,9 @@
 
 Called by the user's driver program, the demo and the tests. It sets nothing that only works in
 local mode: the master comes from ``spark-submit`` or ``SPARK_MASTER`` when given, and the
-executors' Python is the driver's interpreter unless ``PYSPARK_PYTHON`` says otherwise.
+executors' Python is the driver's interpreter unless ``PYSPARK_PYTHON`` says otherwise. With
+``SPARK_REMOTE`` (pyspark's own setting, ``sc://host:port``) the session is a Spark Connect
+client's: the server has its own master, cluster settings and Python.
 """
 
 from __future__ import annotations
@@ -43,7 +45,17 @@ def spark_session(app_name: str = "oncekit", master: str | None = None, conf: Ma
     """Get or create the session with :func:`default_conf` plus ``conf``, logging at WARN.
 
     ``master`` defaults to ``SPARK_MASTER``, then to what spark-submit was given (local[*] if nothing).
+    With ``SPARK_REMOTE`` set, a Spark Connect session to that server instead, with the session
+    settings of both (``spark.sql.*``, ``spark.oncekit.*``; the others are the server's, fixed
+    when it started).
     """
+    remote = os.environ.get("SPARK_REMOTE")
+    if remote:
+        connect = SparkSession.builder.remote(remote)
+        for key, value in {**default_conf(), **(conf or {})}.items():
+            if key.startswith(("spark.sql.", "spark.oncekit.")):
+                connect = connect.config(key, value)
+        return connect.getOrCreate()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name)
     master = master or os.environ.get("SPARK_MASTER")

@@ -8,8 +8,10 @@ and every step reaches the journal through storage.
 
 A query started by :func:`~oncekit.core.spark.query.start_query` carries a :class:`QueryRun` in
 its options: then only the first writer of the run preflights and recovers; later writers leave
-checkpoint-complete notifications to the listener, or deliver them when there is none. A query
-started with a plain ``format(...)`` has none, and every writer recovers.
+checkpoint-complete notifications to the listener or to the run's server-side committer
+(:mod:`~oncekit.core.spark.committer`, for a query started from a Spark Connect client), or
+deliver them when there is neither. A query started with a plain ``format(...)`` has none, and
+every writer recovers.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, Data
 from pyspark.sql.types import StructType
 
 from oncekit.core.engine import CheckpointEngine
+from oncekit.core.spark import committer
 from oncekit.core.errors import ConfigError, TaskInputCutError
 from oncekit.core.fanout import FanOutConfig
 from oncekit.core.lease import require_held
@@ -69,27 +72,37 @@ class EngineCommitMessage(WriterCommitMessage):
 @dataclass(frozen=True)
 class QueryRun:
     """One start of a query, as :func:`~oncekit.core.spark.query.start_query` tells the writer
-    through two options: ``token`` is new at every start; ``listener`` says that a
-    :class:`~oncekit.core.spark.query.CheckpointListener` delivers its checkpoint-complete
-    notifications."""
+    through its options: ``token`` is new at every start; ``listener`` says that a
+    :class:`~oncekit.core.spark.query.CheckpointListener` in the driver process delivers its
+    checkpoint-complete notifications, ``committer`` that the run's server-side committer does
+    (:mod:`~oncekit.core.spark.committer`: the query was started from a Spark Connect client)."""
 
     token: str | None = None
     listener: bool = False
+    committer: bool = False
 
     TOKEN_OPTION: ClassVar[str] = "oncekit.run"
     LISTENER_OPTION: ClassVar[str] = "oncekit.listener"
+    COMMITTER_OPTION: ClassVar[str] = "oncekit.committer"
 
     @classmethod
-    def started(cls, listener: bool) -> QueryRun:
-        return cls(uuid.uuid4().hex, listener)
+    def started(cls, listener: bool, committer: bool = False) -> QueryRun:
+        return cls(uuid.uuid4().hex, listener, committer)
+
+    @property
+    def notified(self) -> bool:
+        """Whether a listener or a committer delivers the run's checkpoint-complete notifications."""
+        return self.listener or self.committer
 
     def to_options(self) -> dict[str, str]:
-        return {self.TOKEN_OPTION: self.token or "", self.LISTENER_OPTION: str(self.listener).lower()}
+        return {self.TOKEN_OPTION: self.token or "", self.LISTENER_OPTION: str(self.listener).lower(),
+                self.COMMITTER_OPTION: str(self.committer).lower()}
 
     @classmethod
     def from_options(cls, options: dict[str, str]) -> QueryRun:
         lowered = {k.lower(): v for k, v in options.items()}
-        return cls(lowered.get(cls.TOKEN_OPTION) or None, lowered.get(cls.LISTENER_OPTION) == "true")
+        return cls(lowered.get(cls.TOKEN_OPTION) or None, lowered.get(cls.LISTENER_OPTION) == "true",
+                   lowered.get(cls.COMMITTER_OPTION) == "true")
 
 
 def checkpoint_of(options: dict[str, str], sink: str) -> str:
@@ -121,7 +134,9 @@ class EngineStreamWriter(DataSourceStreamArrowWriter):
             engine.preflight()
             _recover(engine)
             engine.journal.start_run(run.token)
-        elif not run.listener:
+            if run.committer:
+                committer.start(config, checkpoint, run.token)
+        elif not run.notified:
             # No listener: the writer Spark creates before each batch is the checkpoint-complete
             # notification of the batch before, and it must reach the sink before the next
             # batch's tasks write (a prepared transaction holds the locks of its rows).
@@ -150,7 +165,9 @@ class EngineStreamWriter(DataSourceStreamArrowWriter):
         unless another driver has taken the query's lease over (:func:`~oncekit.core.lease.require_held`)."""
         if self.run.token is not None:
             require_held(self.checkpoint, self.run.token, f"sink {self.config.sink_id} batch {batchId}")
-        self._engine().checkpoint(batchId, _committables(messages), listener=self.run.listener)
+        self._engine().checkpoint(batchId, _committables(messages), notified=self.run.notified)
+        if self.run.committer and self.run.token is not None:
+            committer.wake(self.config, self.checkpoint, self.run.token, batchId)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Driver: the batch failed; abort what its tasks pre-committed, then sweep the batch's

@@ -128,14 +128,14 @@ def test_stray_prepared_by_hand_for_an_earlier_batch_is_gone_after_the_next_driv
     sink_id = engine.sink.sink_id
     for batch_id in range(4):
         engine.checkpoint(batch_id, [write(engine, TaskInfo(sink_id, batch_id, 0, batch_id), iter([rows([batch_id])]))],
-                          listener=True)
+                          notified=True)
         spark_logged(tmp_path, planned=list(range(batch_id + 1)), committed=list(range(batch_id + 1)))
     stray = f"oncekit:{sink_id}:1:0:999"
     with psycopg.connect(postgres_dsn) as conn:
         conn.execute(f"INSERT INTO {unique_name} VALUES (99, 'stray')")
         conn.execute(f"PREPARE TRANSACTION '{stray}'")
     assert stray in prepared(postgres_dsn, sink_id)
-    engine.checkpoint(4, [write(engine, TaskInfo(sink_id, 4, 0, 4), iter([rows([4])]))], listener=True)
+    engine.checkpoint(4, [write(engine, TaskInfo(sink_id, 4, 0, 4), iter([rows([4])]))], notified=True)
     held = prepared(postgres_dsn, sink_id)
     assert stray not in held and len(held) == 2  # batches 3 and 4: the listener's to commit
     spark_logged(tmp_path, planned=list(range(5)), committed=list(range(5)))

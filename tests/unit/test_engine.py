@@ -124,19 +124,19 @@ def test_driver_commit_aborts_strays_of_earlier_batches_but_not_what_their_journ
     """A killed task on a slow executor can prepare after its batch's sweep: the next driver
     commit aborts it, and leaves what a journaled, not yet committed batch holds."""
     pending = prepare(engine, 0, 0)
-    engine.checkpoint(0, [pending], listener=True)  # batch 0: the listener's to commit, not yet
+    engine.checkpoint(0, [pending], notified=True)  # batch 0: the listener's to commit, not yet
     stray = prepare(engine, 0, 1, attempt=9)
     unjournaled = prepare(engine, 1, 1, attempt=3)  # batch 1 never reached its driver commit
-    engine.checkpoint(2, [prepare(engine, 2, 0)], listener=True)
+    engine.checkpoint(2, [prepare(engine, 2, 0)], notified=True)
     assert sorted(sink_of(engine).aborted) == sorted([stray.transaction_id, unjournaled.transaction_id])
     assert pending.transaction_id in sink_of(engine).prepared
 
 
 def test_driver_commit_with_a_listener_leaves_the_previous_batch_to_it(engine: CheckpointEngine, tmp_path: Path) -> None:
     for batch_id in (0, 1):
-        engine.checkpoint(batch_id, [prepare(engine, batch_id, 0)], listener=True)
+        engine.checkpoint(batch_id, [prepare(engine, batch_id, 0)], notified=True)
         spark_logged(tmp_path, "commits", batch_id)
-    engine.checkpoint(2, [prepare(engine, 2, 0)], listener=True)
+    engine.checkpoint(2, [prepare(engine, 2, 0)], notified=True)
     assert sink_of(engine).committed == ["oncekit:memory:0:0:0"]  # batch 1: the listener's to commit
     spark_logged(tmp_path, "commits", 2)
     engine.checkpoint(3, [prepare(engine, 3, 0)])  # no listener: the catch-up reaches the previous batch

@@ -1,0 +1,154 @@
+"""Queries started from a Spark Connect client (issue 22), against a real Connect server started
+from the pyspark wheel, a real broker and a real PostgreSQL server.
+
+The driver program under test is a Connect client (``python -m oncekit.verify`` with
+``SPARK_REMOTE``); its query runs in the server's driver. Killing the client leaves the query
+running there: its checkpoint-complete commits must go on without it, within one trigger
+(read from the journal and Spark's commit log), and nothing may stay prepared once the input
+pauses. A client started again attaches by restarting the query from its checkpoint. Killing
+the server (kill -9) ends the query; the client's restart strategy must bring it back once the
+server is up again, exactly once.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from oncekit.connectors import KafkaConfig, Services
+from oncekit.connectors.services.spark_connect import ConnectServer
+from oncekit.core.crash import CRASH_DIR_ENV
+from oncekit.core.journal import Journal
+from oncekit.core.spark_log import SparkLog
+from oncekit.verify import PipelineContext, committed_output, compare, prepare_target, prepared_transactions, produce_input
+from oncekit.verify.driver import start_driver
+
+pytestmark = [pytest.mark.services, pytest.mark.spark]
+
+PIPELINE = "postgres-two-phase-commit"
+CHUNK = 3_000
+TRIGGER = {"processingTime": "1 second"}
+PER_TRIGGER = 300
+
+
+@pytest.fixture
+def connect_server(tmp_path: Path, crash_dir: Path) -> Iterator[ConnectServer]:
+    server = ConnectServer(tmp_path / "connect", env={CRASH_DIR_ENV: str(crash_dir)})
+    server.start()
+    yield server
+    server.kill()
+
+
+class Client:
+    """The pipeline's driver program as a Connect client process."""
+
+    def __init__(self, server: ConnectServer, ctx: PipelineContext, crash_dir: Path, log: Path) -> None:
+        self.server, self.ctx, self.crash_dir, self.log = server, ctx, crash_dir, log
+        self.process = start_driver(PIPELINE, ctx, str(crash_dir), log=log, env={"SPARK_REMOTE": server.url})
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def tail(self) -> str:
+        return self.log.read_text(errors="replace")[-3000:]
+
+
+def wait_for_batch(spark_log: SparkLog, batch: int, client: Client, timeout_s: float = 180) -> None:
+    deadline = time.monotonic() + timeout_s
+    while (spark_log.latest_completed() or -1) < batch:
+        assert client.alive(), f"the client exited: {client.tail()}"
+        assert time.monotonic() < deadline, f"batch {batch} not committed by Spark within {timeout_s} s: {client.tail()}"
+        time.sleep(0.2)
+
+
+def setup(services: Services, kafka: KafkaConfig, topic: str, unique_name: str, tmp_path: Path) -> PipelineContext:
+    prepare_target(PIPELINE, kafka, services.postgres.dsn, unique_name)
+    return PipelineContext(kafka.bootstrap_servers, topic, unique_name, str(tmp_path / "checkpoint"),
+                           services.postgres.dsn, trigger=TRIGGER, max_offsets_per_trigger=PER_TRIGGER)
+
+
+def test_client_killed_the_server_commits_within_one_trigger_and_a_new_client_attaches(
+    services: Services, kafka: KafkaConfig, topic: str, unique_name: str, tmp_path: Path, crash_dir: Path,
+    connect_server: ConnectServer,
+) -> None:
+    ctx = setup(services, kafka, topic, unique_name, tmp_path)
+    expected = produce_input(kafka, topic, CHUNK)
+    spark_log = SparkLog(ctx.checkpoint)
+    client = Client(connect_server, ctx, crash_dir, tmp_path / "client-1.log")
+    try:
+        wait_for_batch(spark_log, 2, client)
+        client.kill()
+        expected += produce_input(kafka, topic, CHUNK, first=CHUNK)
+        journal = Journal(ctx.checkpoint, next(p.name for p in (Path(ctx.checkpoint) / "oncekit").iterdir() if p.is_dir()))
+        # Without a client, every batch Spark logged is committed before Spark logs the next:
+        # a completed batch other than the newest one that is still uncommitted is a lag of more
+        # than one trigger. Spark's commit log is read first, the journal second.
+        deadline, late, seen = time.monotonic() + 180, set(), 0
+        while True:
+            latest = spark_log.latest_completed() or -1
+            journaled, done = journal.entries()
+            uncommitted = {b for b in journaled - done if b <= latest}
+            late |= {b for b in uncommitted if b < latest}
+            seen = max(seen, latest)
+            if len(table_rows(ctx)) >= len(expected):
+                break
+            assert time.monotonic() < deadline, f"output stopped at {len(table_rows(ctx))} of {len(expected)} rows"
+            time.sleep(0.05)
+        assert not late, f"batches {sorted(late)} stayed uncommitted after Spark logged a later batch"
+        assert seen >= 2 * CHUNK // PER_TRIGGER - 1, f"Spark logged only {seen + 1} batches"
+        # The input has paused: the last batch is committed too, and nothing stays prepared.
+        assert prepared_transactions(services.postgres.dsn, unique_name) == []
+        assert compare(expected, table_rows(ctx)).exactly_once
+
+        # A client started again attaches: it restarts the query from its checkpoint.
+        client = Client(connect_server, ctx, crash_dir, tmp_path / "client-2.log")
+        expected += produce_input(kafka, topic, CHUNK, first=2 * CHUNK)
+        wait_until_all(ctx, expected, client)
+    finally:
+        client.kill()
+    assert prepared_transactions(services.postgres.dsn, unique_name) == []
+    verdict = compare(expected, table_rows(ctx))
+    assert verdict.exactly_once, verdict.summary()
+
+
+def test_server_killed_and_started_again_the_client_restarts_its_query_exactly_once(
+    services: Services, kafka: KafkaConfig, topic: str, unique_name: str, tmp_path: Path, crash_dir: Path,
+    connect_server: ConnectServer,
+) -> None:
+    ctx = setup(services, kafka, topic, unique_name, tmp_path)
+    expected = produce_input(kafka, topic, CHUNK)
+    client = Client(connect_server, ctx, crash_dir, tmp_path / "client.log")
+    try:
+        wait_for_batch(SparkLog(ctx.checkpoint), 2, client)
+        connect_server.kill()
+        connect_server.start()
+        expected += produce_input(kafka, topic, CHUNK, first=CHUNK)
+        wait_until_all(ctx, expected, client)
+    finally:
+        client.kill()
+    assert prepared_transactions(services.postgres.dsn, unique_name) == []
+    verdict = compare(expected, table_rows(ctx))
+    assert verdict.exactly_once, verdict.summary()
+
+
+def table_rows(ctx: PipelineContext) -> list[int]:
+    return committed_output(PIPELINE, ctx.kafka, ctx.dsn, ctx.output, 0)
+
+
+def wait_until_all(ctx: PipelineContext, expected: list[int], client: Client, timeout_s: float = 180) -> None:
+    deadline = time.monotonic() + timeout_s
+    while len(table_rows(ctx)) < len(expected):
+        assert client.alive(), f"the client exited: {client.tail()}"
+        assert time.monotonic() < deadline, \
+            f"output stopped at {len(table_rows(ctx))} of {len(expected)} rows within {timeout_s} s: {client.tail()}"
+        time.sleep(0.5)
