@@ -8,6 +8,8 @@ here; each call prints what it did and returns the exit status.
 
 from __future__ import annotations
 
+import functools
+
 import os
 import sys
 from collections.abc import Mapping
@@ -38,7 +40,8 @@ def run_pipeline(config_path: str | None, overrides: Mapping[str, Any], from_sav
     that port while it runs. With ``standby``, Spark and the queries' plans are made first, then
     it waits until no other driver holds the checkpoints (:func:`oncekit.core.lease.wait_free`)."""
     pipeline = ReferencePipeline(load_with_services(config_path, overrides))
-    spark = spark_session("oncekit-pipeline")
+    session = functools.partial(spark_session, "oncekit-pipeline")
+    spark = session()
     if standby:
         pipeline.queries(spark)  # the sources registered and the plans analyzed while it waits
         wait_free([f"{pipeline.checkpoint}/{name}" for name in QUERIES], announce=print)
@@ -49,7 +52,7 @@ def run_pipeline(config_path: str | None, overrides: Mapping[str, Any], from_sav
     pipeline.prepare()
     with ExitStack() as stack, StopRequests(pipeline.checkpoint) as requests:
         page = stack.enter_context(status_page(pipeline, ui_port)) if ui_port is not None else None
-        restarts = pipeline.run_supervised(spark, should_stop=requests.pending,
+        restarts = pipeline.run_supervised(session, should_stop=requests.pending,
                                            on_restart=page.restarted if page is not None else None)
         wanted = requests.take()
         if wanted is not None:

@@ -313,7 +313,7 @@ def _run(pipeline: ReferencePipeline, config: PipelineConfig, workload: Workload
         restarted(attempt, error)
 
     started = time.monotonic()
-    restarts = pipeline.run_supervised(spark, tick=tick, on_restart=failed)
+    restarts = pipeline.run_supervised(lambda: spark, tick=tick, on_restart=failed)
     seconds = time.monotonic() - started
     timeline.ended = time.time()
     timeline.attempts = [[p for q in queries for p in q.recentProgress if int(p["numInputRows"])] for queries in attempts]

@@ -321,12 +321,15 @@ class ReferencePipeline:
         if failed:
             raise PipelineError(f"query {failed[0].name} failed: {failed[0].exception()}")
 
-    def run_supervised(self, spark: SparkSession, tick: Callable[[list[OncekitQuery]], None] | None = None,
+    def run_supervised(self, session: Callable[[], SparkSession],
+                       tick: Callable[[list[OncekitQuery]], None] | None = None,
                        on_restart: Callable[[int, BaseException], None] | None = None,
                        should_stop: Callable[[], bool] | None = None) -> int:
-        """:meth:`run` under the configured restart strategy; returns the number of restarts or
+        """:meth:`run` under the configured restart strategy, each attempt on ``session()``
+        (:func:`~oncekit.core.spark.session.spark_session`: the same session in classic Spark, a
+        new one after a Spark Connect server went away); returns the number of restarts or
         raises RestartsExhaustedError when the strategy gives up."""
-        return supervise(lambda: self.run(spark, tick, should_stop), self.config.restart_strategy(), on_restart)
+        return supervise(lambda: self.run(session(), tick, should_stop), self.config.restart_strategy(), on_restart)
 
     # -- savepoints ----------------------------------------------------------------------------
 

@@ -64,15 +64,15 @@ def main(spec_text: str) -> int:
     build = resolve(spec["pipeline"])
     # Spark retries a failed task (local[cores,maxFailures] in local mode; a cluster's own conf else).
     master = os.environ.get("SPARK_MASTER") or "local[2,4]"
-    spark = spark_session("oncekit-verify", master=master,
-                          conf={f"spark.executorEnv.{CRASH_DIR_ENV}": os.environ.get(CRASH_DIR_ENV, ""),
-                                BATCH_TIMEOUT_CONF: str(BATCH_TIMEOUT_S)})
+    conf = {f"spark.executorEnv.{CRASH_DIR_ENV}": os.environ.get(CRASH_DIR_ENV, ""), BATCH_TIMEOUT_CONF: str(BATCH_TIMEOUT_S)}
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     restarts_file = Path(ctx.checkpoint + ".restarts")
 
     def run() -> None:
-        query = build(spark, ctx)
+        # The session of each attempt: the same one in classic Spark; a new one when a Spark
+        # Connect server went away (its client stops the session it had).
+        query = build(spark_session("oncekit-verify", master=master, conf=conf), ctx)
         Path(ctx.checkpoint + ".started").touch()  # the harness waits for it before producing
         wait = getattr(query, "await_termination", None) or query.awaitTermination
         while not wait(0.5):
@@ -88,7 +88,7 @@ def main(spec_text: str) -> int:
         run()
     else:
         supervise(run, ExponentialBackoff(initial_s=0.5, max_s=4.0, attempts=40), note_restart)
-    spark.stop()
+    spark_session("oncekit-verify", master=master, conf=conf).stop()
     return 0
 
 

@@ -32,7 +32,7 @@ class FailingPipeline(ReferencePipeline):
 ])
 def test_pipeline_restart_strategy_continues_within_its_limits(restart: dict[str, Any], failures: int, runs: int) -> None:
     pipeline = FailingPipeline(restart, failures)
-    assert pipeline.run_supervised(spark=None) == failures
+    assert pipeline.run_supervised(lambda: None) == failures
     assert pipeline.runs == runs
 
 
@@ -44,6 +44,6 @@ def test_pipeline_restart_strategy_continues_within_its_limits(restart: dict[str
 def test_pipeline_restart_strategy_gives_up_with_a_clear_error(restart: dict[str, Any], runs: int) -> None:
     pipeline = FailingPipeline(restart, failures=10)
     with pytest.raises(RestartsExhaustedError, match="gave up after .* restarts: query balances failed") as failure:
-        pipeline.run_supervised(spark=None)
+        pipeline.run_supervised(lambda: None)
     assert isinstance(failure.value.__cause__, PipelineError)
     assert pipeline.runs == runs
