@@ -143,12 +143,12 @@ class CheckpointEngine:
         candidates = sorted(b for b in journaled - done if up_to is None or b <= up_to)
         if not candidates:
             return []
-        return [b for b in candidates if _complete(b, self.spark_log.completed())]
+        return [b for b in candidates if is_complete(b, self.spark_log.completed())]
 
     def recover(self) -> RecoveryReport:
         """Driver, in the first stream writer of a query run (see :class:`~oncekit.core.spark.writer.QueryRun`).
 
-        - journaled batches Spark logged as committed (or a later one: :func:`_complete`):
+        - journaled batches Spark logged as committed (or a later one: :func:`is_complete`):
           committed (recover_and_commit);
         - journaled batches Spark did not log: aborted and forgotten (Spark re-runs them);
         - open transactions or staged files no journal names: aborted, unless they belong to the
@@ -161,7 +161,7 @@ class CheckpointEngine:
         named: set[tuple[str, str]] = set()
         for batch_id in sorted(journaled - done):
             committables = self.journal.read(batch_id)
-            if _complete(batch_id, completed):
+            if is_complete(batch_id, completed):
                 self._commit(batch_id, committables)
                 report.committed_batches.append(batch_id)
                 named.update(c.key for c in committables)
@@ -204,7 +204,7 @@ class CheckpointEngine:
             self.sink.forget(min([oldest, *(journaled - done)]))
 
 
-def _complete(batch_id: int, completed: set[int]) -> bool:
+def is_complete(batch_id: int, completed: set[int]) -> bool:
     """Whether Spark completed ``batch_id``: its commit file, or one of a later batch. Spark runs
     batches in order and purges old commit files (``minBatchesToRetain``); a journaled batch whose
     notification failed until its file was purged is complete all the same, and aborting it

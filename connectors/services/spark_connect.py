@@ -50,7 +50,7 @@ class ConnectServer:
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.starts += 1
         log = self.work_dir / f"connect-{self.starts}.log"
-        python = os.environ.get("PYSPARK_PYTHON", sys.executable)
+        python = self.env.get("PYSPARK_PYTHON") or os.environ.get("PYSPARK_PYTHON") or sys.executable
         conf = {"spark.connect.grpc.binding.port": str(self.port), "spark.connect.grpc.binding.address": "127.0.0.1",
                 "spark.pyspark.python": python, "spark.ui.enabled": "false", **self.conf}
         command = [str(spark_home() / "bin" / "spark-submit"), "--class", SERVER_CLASS, "--name", "oncekit-connect",

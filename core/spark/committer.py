@@ -33,7 +33,7 @@ import tempfile
 import time
 from typing import IO
 
-from oncekit.core.engine import CheckpointEngine
+from oncekit.core.engine import CheckpointEngine, is_complete
 from oncekit.core.protocol import SinkConfig
 
 logger = logging.getLogger(__name__)
@@ -129,7 +129,7 @@ class Committer:
         # Spark writes commits/N right after the writer's commit returns: milliseconds. A batch
         # that failed after its journal never gets it; its batch is the next run's recovery's.
         deadline, pause = time.monotonic() + COMMIT_LOG_WAIT_S, 0.002
-        while (self.engine.spark_log.latest_completed() or -1) < batch_id:
+        while not is_complete(batch_id, self.engine.spark_log.completed()):
             if time.monotonic() > deadline:
                 logger.warning("sink %s batch %s: Spark did not log the batch complete within %.0f s; "
                                "committing what completed", self.sink_id, batch_id, COMMIT_LOG_WAIT_S)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming.listener import StreamingQueryListener
 
+import oncekit
 from oncekit.core.deadline import bounded
 from oncekit.core.engine import CheckpointEngine
 from oncekit.core.errors import ConfigError, LeaseLostError, OncekitError, QueryStuckError, StallError
@@ -335,7 +336,11 @@ class OncekitQuery:
         while True:
             # Spark refuses a timeout under 1 ms ("Timeout has to be positive"), failing the query.
             wait = 1.0 if deadline is None else max(0.01, min(1.0, deadline - time.monotonic()))
-            finished = self.query.awaitTermination(wait)  # type: ignore[arg-type]  # pyspark takes float seconds
+            try:
+                finished = self.query.awaitTermination(wait)  # type: ignore[arg-type]  # pyspark takes float seconds
+            except Exception as exc:
+                _refuse_missing_install(self.sink, exc)
+                raise
             stall = self.watchdog.stall if self.watchdog is not None else None
             if isinstance(stall, QueryStuckError):
                 raise stall
@@ -389,11 +394,25 @@ def start_query(
         writer = writer.queryName(query_name)
     timeout_s = batch_timeout_s(spark, trigger, batch_timeout)
     watcher = listener(spark) if run.listener else None
-    query = writer.start()
+    try:
+        query = writer.start()
+    except Exception as exc:
+        _refuse_missing_install(sink, exc)
+        raise
     if watcher is not None:
         watcher.watch(str(query.id), sink, checkpoint)
     watchdog = BatchWatchdog(query, checkpoint, query_name or sink.sink_id, timeout_s, run.token or "").start()
     return OncekitQuery(query, sink, checkpoint, watcher, watchdog, run.committer)
+
+
+def _refuse_missing_install(sink: SinkConfig, error: Exception) -> None:
+    """Called with the error of a query's start or run: where the Spark driver's or executors'
+    Python has no oncekit (a Spark Connect server set up without it), say so rather than show
+    a worker's traceback."""
+    if "No module named 'oncekit'" in str(error):
+        raise ConfigError(f"sink {sink.sink_id}: the Python that runs the query's Spark workers has no oncekit; install "
+                          f"oncekit=={oncekit.__version__} (the client's) in the Python environment of the Spark "
+                          "driver and executors (a Spark Connect server's PYSPARK_PYTHON)") from error
 
 
 def is_connect(spark: SparkSession) -> bool:

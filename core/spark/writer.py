@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import pyspark
 from pyspark import TaskContext
+
+import oncekit
 from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, DataSourceStreamWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
@@ -75,19 +77,23 @@ class QueryRun:
     through its options: ``token`` is new at every start; ``listener`` says that a
     :class:`~oncekit.core.spark.query.CheckpointListener` in the driver process delivers its
     checkpoint-complete notifications, ``committer`` that the run's server-side committer does
-    (:mod:`~oncekit.core.spark.committer`: the query was started from a Spark Connect client)."""
+    (:mod:`~oncekit.core.spark.committer`: the query was started from a Spark Connect client);
+    ``version`` is the kit's version where the query was started, which the writer on the
+    driver must share (:func:`refuse_other_version`)."""
 
     token: str | None = None
     listener: bool = False
     committer: bool = False
+    version: str = ""
 
     TOKEN_OPTION: ClassVar[str] = "oncekit.run"
     LISTENER_OPTION: ClassVar[str] = "oncekit.listener"
     COMMITTER_OPTION: ClassVar[str] = "oncekit.committer"
+    VERSION_OPTION: ClassVar[str] = "oncekit.version"
 
     @classmethod
     def started(cls, listener: bool, committer: bool = False) -> QueryRun:
-        return cls(uuid.uuid4().hex, listener, committer)
+        return cls(uuid.uuid4().hex, listener, committer, oncekit.__version__)
 
     @property
     def notified(self) -> bool:
@@ -96,13 +102,23 @@ class QueryRun:
 
     def to_options(self) -> dict[str, str]:
         return {self.TOKEN_OPTION: self.token or "", self.LISTENER_OPTION: str(self.listener).lower(),
-                self.COMMITTER_OPTION: str(self.committer).lower()}
+                self.COMMITTER_OPTION: str(self.committer).lower(), self.VERSION_OPTION: self.version}
 
     @classmethod
     def from_options(cls, options: dict[str, str]) -> QueryRun:
         lowered = {k.lower(): v for k, v in options.items()}
         return cls(lowered.get(cls.TOKEN_OPTION) or None, lowered.get(cls.LISTENER_OPTION) == "true",
-                   lowered.get(cls.COMMITTER_OPTION) == "true")
+                   lowered.get(cls.COMMITTER_OPTION) == "true", lowered.get(cls.VERSION_OPTION, ""))
+
+
+def refuse_other_version(sink_id: str, started_with: str) -> None:
+    """Stream writer on the driver: a query started by another version of the kit (a Spark
+    Connect client's, against the server's) may disagree on the journal, the markers and the
+    transaction names, so it is refused."""
+    if started_with and started_with != oncekit.__version__:
+        raise ConfigError(f"sink {sink_id}: the query was started with oncekit {started_with}, but the Spark driver "
+                          f"(a Spark Connect server's Python, PYSPARK_PYTHON) has oncekit {oncekit.__version__}; "
+                          f"install oncekit=={started_with} there, or the same version in both")
 
 
 def checkpoint_of(options: dict[str, str], sink: str) -> str:
@@ -130,6 +146,7 @@ class EngineStreamWriter(DataSourceStreamArrowWriter):
         # scan a batch and race the listener's commit of the newest batch.
         started = (config.sink_id, checkpoint, run.token)
         if started not in _started_runs and engine.journal.run() != run.token:
+            refuse_other_version(config.sink_id, run.version)
             refuse_unchecked_input(config.sink_id, engine.sink.commits_in_task, pyspark.__version__)
             engine.preflight()
             _recover(engine)

@@ -12,8 +12,14 @@ server is up again, exactly once.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
+import re
 import signal
+import subprocess
+import sys
+import sysconfig
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +31,14 @@ from oncekit.connectors.services.spark_connect import ConnectServer
 from oncekit.core.crash import CRASH_DIR_ENV
 from oncekit.core.journal import Journal
 from oncekit.core.spark_log import SparkLog
-from oncekit.verify import PipelineContext, committed_output, compare, prepare_target, prepared_transactions, produce_input
+from oncekit.verify import (
+    PipelineContext,
+    committed_output,
+    compare,
+    prepare_target,
+    prepared_transactions,
+    produce_input,
+)
 from oncekit.verify.driver import start_driver
 
 pytestmark = [pytest.mark.services, pytest.mark.spark]
@@ -65,7 +78,7 @@ class Client:
 
 def wait_for_batch(spark_log: SparkLog, batch: int, client: Client, timeout_s: float = 180) -> None:
     deadline = time.monotonic() + timeout_s
-    while (spark_log.latest_completed() or -1) < batch:
+    while max(spark_log.completed(), default=-1) < batch:
         assert client.alive(), f"the client exited: {client.tail()}"
         assert time.monotonic() < deadline, f"batch {batch} not committed by Spark within {timeout_s} s: {client.tail()}"
         time.sleep(0.2)
@@ -95,7 +108,7 @@ def test_client_killed_the_server_commits_within_one_trigger_and_a_new_client_at
         # than one trigger. Spark's commit log is read first, the journal second.
         deadline, late, seen = time.monotonic() + 180, set(), 0
         while True:
-            latest = spark_log.latest_completed() or -1
+            latest = max(spark_log.completed(), default=-1)
             journaled, done = journal.entries()
             uncommitted = {b for b in journaled - done if b <= latest}
             late |= {b for b in uncommitted if b < latest}
@@ -152,3 +165,39 @@ def wait_until_all(ctx: PipelineContext, expected: list[int], client: Client, ti
         assert time.monotonic() < deadline, \
             f"output stopped at {len(table_rows(ctx))} of {len(expected)} rows within {timeout_s} s: {client.tail()}"
         time.sleep(0.5)
+
+
+def test_a_server_whose_python_has_no_oncekit_is_named_at_start(
+    services: Services, kafka: KafkaConfig, topic: str, unique_name: str, tmp_path: Path,
+) -> None:
+    """Install checks: the server's workers run a Python whose site hooks are off, so pyspark and
+    the clients import (on PYTHONPATH) but the kit does not; the client's start fails with a
+    ConfigError that says what to install where, not a worker's traceback. The client runs in a
+    process of its own (a Connect session changes pyspark's process-wide mode)."""
+    bare = tmp_path / "python-without-oncekit"
+    bare.write_text("#!/bin/sh\n"
+                    f'PYTHONPATH="{sysconfig.get_paths()["purelib"]}${{PYTHONPATH:+:$PYTHONPATH}}" '
+                    f'exec {sys.executable} -S "$@"\n')
+    bare.chmod(0o755)
+    server = ConnectServer(tmp_path / "connect", env={"PYSPARK_PYTHON": str(bare)})
+    server.start()
+    ctx = setup(services, kafka, topic, unique_name, tmp_path)
+    client = (
+        "import dataclasses, json, sys\n"
+        "from oncekit.core.spark.session import spark_session\n"
+        "from oncekit.verify import PipelineContext, start_example\n"
+        "spark = spark_session('no-kit-on-the-server')\n"
+        "try:\n"
+        "    start_example(sys.argv[1], spark, PipelineContext(**json.loads(sys.argv[2])))\n"
+        "except Exception as exc:\n"
+        "    print(type(exc).__name__, str(exc).splitlines()[0])\n"
+        "spark.stop()\n"
+    )
+    try:
+        done = subprocess.run([sys.executable, "-c", client, PIPELINE, json.dumps(dataclasses.asdict(ctx))],
+                              env={**os.environ, "SPARK_REMOTE": server.url}, capture_output=True, text=True, timeout=180)
+    finally:
+        server.kill()
+    error = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-2000:]
+    assert re.match(r"ConfigError sink \S+: the Python that runs the query's Spark workers has no oncekit; install "
+                    r"oncekit==[\d.]+ .*PYSPARK_PYTHON", error), error

@@ -262,3 +262,21 @@ def test_recover_commits_a_journaled_batch_whose_commit_file_spark_purged(engine
     report = engine.recover()
     assert report.committed_batches == [3] and report.aborted_batches == []
     assert sink_of(engine).committed == [late.transaction_id]
+
+
+
+def test_a_query_started_by_another_version_of_the_kit_is_refused_by_the_writer(
+        engine: CheckpointEngine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Spark Connect client's kit and the server's must agree on the journal and the markers."""
+    from types import SimpleNamespace
+
+    from oncekit.core.errors import ConfigError
+    from oncekit.core.spark import writer as spark_writer
+
+    monkeypatch.setattr(spark_writer.EngineStreamWriter, "_engine", lambda self: engine)
+    monkeypatch.setattr(engine, "preflight", lambda: None)
+    config: Any = SimpleNamespace(sink_id="memory")
+    with pytest.raises(ConfigError, match=r"sink memory: the query was started with oncekit 0\.0\.9.*install oncekit==0\.0\.9"):
+        spark_writer.EngineStreamWriter(config, str(tmp_path), spark_writer.QueryRun("run-1", version="0.0.9"))
+    assert engine.journal.run() is None  # refused before recovery or the run's start
+    spark_writer.EngineStreamWriter(config, str(tmp_path), spark_writer.QueryRun.started(listener=True))
