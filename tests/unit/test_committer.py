@@ -1,0 +1,70 @@
+"""The server-side committer's decisions (core/spark/committer.py), on a checkpoint folder laid
+out as Spark lays it out and the in-memory sink of test_engine; the real proof is in
+tests/eos/test_connect.py."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from oncekit.core.engine import CheckpointEngine
+from oncekit.core.spark import committer
+from tests.unit.test_engine import MemorySink, prepare, sink_of, spark_logged
+
+
+@pytest.fixture
+def engine(tmp_path: Path) -> CheckpointEngine:
+    return CheckpointEngine(MemorySink(), str(tmp_path))
+
+
+@pytest.fixture
+def inbox() -> Iterator[tuple[socket.socket, socket.socket]]:
+    receiver, sender = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    receiver.settimeout(0.2)
+    with receiver, sender:
+        yield receiver, sender
+
+
+def test_batch_0_is_committed_once_spark_logs_it_not_after_the_wait(
+        engine: CheckpointEngine, tmp_path: Path, inbox: tuple[socket.socket, socket.socket],
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Batch 0 is a batch like any other (its id is falsy: the committer once read 'the newest
+    completed batch is 0' as 'none', waited out its 30 s and committed batch 0 at a sweep)."""
+    monkeypatch.setattr(committer, "COMMIT_LOG_WAIT_S", 0.5)
+    engine.checkpoint(0, [prepare(engine, 0, 0)], notified=True)
+    spark_logged(tmp_path, "commits", 0)
+    with caplog.at_level(logging.WARNING):
+        committer.Committer(engine, "run-1", inbox[0])._commit(0)
+    assert sink_of(engine).committed == ["oncekit:memory:0:0:0"]
+    assert "did not log the batch complete" not in caplog.text
+
+
+def test_wake_ups_commit_each_completed_batch_and_a_newer_run_ends_the_committer(
+        engine: CheckpointEngine, tmp_path: Path, inbox: tuple[socket.socket, socket.socket]) -> None:
+    receiver, sender = inbox
+    engine.journal.start_run("run-1")
+    served = threading.Thread(target=committer.Committer(engine, "run-1", receiver).serve, args=(None,))
+    served.start()
+    try:
+        for batch_id in (0, 1):
+            engine.checkpoint(batch_id, [prepare(engine, batch_id, 0)], notified=True)
+            spark_logged(tmp_path, "commits", batch_id)
+            sender.send(str(batch_id).encode())
+        deadline = time.monotonic() + 10
+        while len(sink_of(engine).committed) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        engine.checkpoint(2, [prepare(engine, 2, 0)], notified=True)  # journaled, not logged by Spark
+        engine.journal.start_run("run-2")
+        sender.send(b"2")
+        served.join(10)
+        assert not served.is_alive(), "the committer of run-1 went on after run-2 started"
+    finally:
+        engine.journal.start_run("stop")
+        served.join(10)
+    assert sink_of(engine).committed == ["oncekit:memory:0:0:0", "oncekit:memory:1:0:0"]
