@@ -30,10 +30,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import pyspark
 from pyspark import TaskContext
-
-import oncekit
 from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, DataSourceStreamWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
+
+import oncekit
 
 from oncekit.core.engine import CheckpointEngine
 from oncekit.core.spark import committer
