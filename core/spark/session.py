@@ -15,6 +15,12 @@ from collections.abc import Mapping
 
 from pyspark.sql import SparkSession
 
+CONNECT_MAX_BACKOFF_MS = 2_000
+"""The Spark Connect client's longest pause between two attempts to reach its server. pyspark's
+own backs off to 60 s (50 ms times 4 each time): a client whose server restarted 30 s after it
+went away waited 41 s more before its next attempt (tests/eos/test_connect.py); 300 attempts
+keep pyspark's ten minutes in all."""
+
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 CHANGELOG_CHECKPOINTING = "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"
 
@@ -51,11 +57,15 @@ def spark_session(app_name: str = "oncekit", master: str | None = None, conf: Ma
     """
     remote = os.environ.get("SPARK_REMOTE")
     if remote:
+        from pyspark.sql.connect.client.retries import DefaultPolicy  # the Connect client's modules: only for it
+
         connect = SparkSession.builder.remote(remote)
         for key, value in {**default_conf(), **(conf or {})}.items():
             if key.startswith(("spark.sql.", "spark.oncekit.")):
                 connect = connect.config(key, value)
-        return connect.getOrCreate()
+        session = connect.getOrCreate()
+        session.client.set_retry_policies([DefaultPolicy(max_backoff=CONNECT_MAX_BACKOFF_MS, max_retries=300)])
+        return session
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name)
     master = master or os.environ.get("SPARK_MASTER")
