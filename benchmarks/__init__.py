@@ -14,6 +14,10 @@ the same run, on the same broker, topics and database, one case after the other:
    latency at a fixed rate, each run checked line by line as ``oncekit demo`` checks its report.
 6. state: RocksDB changelog checkpointing (the kit's default) vs a state snapshot per batch
    (Spark's default): state commit time per batch and checkpoint size of a dedup query.
+7. recovery: kill -9 of the driver of a Kafka -> Kafka query at a fixed input rate, ``--kills``
+   times, kit transactional vs Spark's JVM source and sink: seconds from the kill to each step
+   of the new driver (process, session, query, sinks recovered, first batch planned and
+   committed, caught up), median and maximum.
 
 Every output is read back (count and distinct keys) before its figure is printed; a failed run
 or check prints FAILED instead. Each table ends with ratios kit / peer.
@@ -21,5 +25,6 @@ or check prints FAILED instead. Each table ends with ratios kit / peer.
 Modules: ``environment`` (options, services, the Spark session with Spark's Kafka connector,
 the inputs), ``data`` (producing input, reading outputs back), ``peers`` (the pipelines the kit
 is measured against), ``cases`` (groups 1-3), ``latency`` (group 4), ``reference`` (group 5), ``state`` (group 6),
+``recovery`` (group 7),
 ``table`` (rows, checks, ratios).
 """

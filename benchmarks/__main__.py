@@ -12,6 +12,7 @@ from importlib.metadata import PackageNotFoundError, version
 from benchmarks.cases import kafka_group, postgres_group, source_group
 from benchmarks.environment import Bench, Options, bench
 from benchmarks.latency import latency_group
+from benchmarks.recovery import recovery_group
 from benchmarks.reference import reference_pipeline
 from benchmarks.state import state_group
 from benchmarks.table import Table
@@ -23,6 +24,7 @@ GROUPS: dict[str, Callable[[Bench], Table]] = {
     "latency": latency_group,
     "reference": lambda b: reference_pipeline(b.services, b.options),
     "state": state_group,
+    "recovery": recovery_group,
 }
 
 

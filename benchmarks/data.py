@@ -60,11 +60,13 @@ def produce(kafka: KafkaConfig, tag: str, records: int, size: int, partitions: i
     return Input(topic, records, tag)
 
 
-def produce_at_rate(kafka: KafkaConfig, topic: str, rate: int, seconds: float, size: int, partitions: int) -> None:
-    """``rate`` records a second for ``seconds``, each with its produce time (µs) as amount."""
+def produce_at_rate(kafka: KafkaConfig, topic: str, rate: int, seconds: float, size: int, partitions: int,
+                    stop: threading.Event | None = None) -> None:
+    """``rate`` records a second for ``seconds`` (or until ``stop`` is set), each with its
+    produce time (µs) as amount."""
     producer = Producer(kafka.settings(linger_ms=5))
     total, started, i = int(rate * seconds), time.monotonic(), 0
-    while i < total:
+    while i < total and not (stop is not None and stop.is_set()):
         due = min(total, int((time.monotonic() - started) * rate) + 1)
         while i < due:
             _send(producer, topic, i, time.time_ns() // 1000, size, partitions)

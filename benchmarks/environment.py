@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 ROOT = Path(__file__).resolve().parent.parent
 FETCH = ROOT / "docker" / "spark-kafka" / "fetch.sh"
 QUIX_VENV_PYTHON = ROOT / ".oncekit" / "quix-venv" / "bin" / "python"
-GROUPS = ("source", "kafka", "postgres", "latency", "reference", "state")
+GROUPS = ("source", "kafka", "postgres", "latency", "reference", "state", "recovery")
 
 
 def default_quix_python() -> str:
@@ -49,6 +49,7 @@ class Options:
     quix_python: str
     reference_rate: int = 5_000
     rounds: int = 3
+    kills: int = 10
 
     @classmethod
     def parse(cls, argv: list[str] | None = None) -> Options:
@@ -69,6 +70,8 @@ class Options:
         parser.add_argument("--rounds", type=int, default=3,
                             help="throughput groups: measured runs of every case, in turn; a case's figure is "
                                  "its fastest (default 3)")
+        parser.add_argument("--kills", type=int, default=10,
+                            help="recovery group: kill -9 of each case's driver, one after another (default 10)")
         parser.add_argument("--groups", default=",".join(GROUPS), help=f"comma-separated, of {', '.join(GROUPS)}")
         parser.add_argument("--backend", default="auto", help="services: auto, containers, local or external")
         parser.add_argument("--quix-python", default=None,
@@ -80,12 +83,12 @@ class Options:
         if unknown:
             parser.error(f"unknown group {', '.join(unknown)}; choose from {', '.join(GROUPS)}")
         for name in ("records", "record_bytes", "partitions", "per_batch", "rate", "latency_seconds", "reference_rate",
-                     "rounds"):
+                     "rounds", "kills"):
             if getattr(args, name) <= 0:
                 parser.error(f"--{name.replace('_', '-')} must be positive")
         return cls(args.records, args.record_bytes, args.partitions, args.per_batch, max(0, args.warmup), args.rate,
                    args.latency_seconds, groups, args.backend, args.quix_python or default_quix_python(),
-                   args.reference_rate, args.rounds)
+                   args.reference_rate, args.rounds, args.kills)
 
     def describe(self) -> str:
         return (f"{self.records:,} records of {self.record_bytes} bytes, {self.partitions} partitions, "

@@ -14,6 +14,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from oncekit.core.crash import CRASH_DIR_ENV
 from oncekit.core.errors import VerifyError
@@ -61,6 +62,8 @@ def main(spec_text: str) -> int:
     if spec["drain"]:
         context["trigger"] = {"availableNow": True}
     ctx = PipelineContext(**context)
+    timeline = Timeline(ctx.checkpoint)
+    timeline.note("process")
     build = resolve(spec["pipeline"])
     # Spark retries a failed task (local[cores,maxFailures] in local mode; a cluster's own conf else).
     master = os.environ.get("SPARK_MASTER") or "local[2,4]"
@@ -72,7 +75,10 @@ def main(spec_text: str) -> int:
     def run() -> None:
         # The session of each attempt: the same one in classic Spark; a new one when a Spark
         # Connect server went away (its client stops the session it had).
-        query = build(spark_session("oncekit-verify", master=master, conf=conf), ctx)
+        spark = spark_session("oncekit-verify", master=master, conf=conf)
+        timeline.note("session")
+        query = build(spark, ctx)
+        timeline.note("query")
         Path(ctx.checkpoint + ".started").touch()  # the harness waits for it before producing
         wait = getattr(query, "await_termination", None) or query.awaitTermination
         while not wait(0.5):
@@ -90,6 +96,25 @@ def main(spec_text: str) -> int:
         supervise(run, ExponentialBackoff(initial_s=0.5, max_s=4.0, attempts=40), note_restart)
     spark_session("oncekit-verify", master=master, conf=conf).stop()
     return 0
+
+
+class Timeline:
+    """``<checkpoint>.timeline``: when each start of a driver process reached each step (a JSON
+    line each: step, wall-clock time, pid); ``make bench``'s recovery group reads it beside
+    Spark's logs. Steps: process (its main runs), session (Spark's session is up), query
+    (the query started)."""
+
+    def __init__(self, checkpoint: str) -> None:
+        self.path = Path(checkpoint + ".timeline")
+
+    def note(self, step: str) -> None:
+        with self.path.open("a") as out:
+            out.write(json.dumps({"step": step, "t": time.time(), "pid": os.getpid()}) + "\n")
+
+    def read(self) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
 
 
 @dataclass

@@ -1,0 +1,204 @@
+"""7. Recovery: kill -9 of a Kafka -> Kafka query's driver at a steady input rate, and where the
+seconds go until its successor has committed a batch and caught up (issue 23 item 1).
+
+Each case runs its query in a driver process of its own (``python -m oncekit.verify`` with one of
+the pipelines below), input produced at ``--rate`` records a second throughout. When the query
+is committing, the driver's process group is killed and a new driver started at once, as a
+supervisor with no restart delay would; ``--kills`` times. Every step is read afterwards from
+what the processes leave: the driver's timeline (:class:`~oncekit.verify.driver.Timeline`), the
+kit's journal and Spark's offset and commit logs. Seconds from the kill:
+
+- process: the new driver's Python runs its main (imports done);
+- session: Spark's session is up (its JVM started);
+- query: the query started (``start_query`` or ``start()`` returned);
+- recovered: the kit's sink recovered (the journal records the run); none for the peer;
+- planned: the first batch after the kill is planned (its offset log entry; a batch the dead
+  driver planned is replayed as planned, at the query's start);
+- committed: Spark logs the first batch after the kill as committed;
+- caught up: Spark logs a batch whose end offsets reach what the input held at the kill.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Consumer, TopicPartition
+
+from benchmarks import data, peers
+from benchmarks.cases import failure
+from benchmarks.environment import Bench
+from benchmarks.table import Ratio, Row, Table
+from oncekit.connectors.kafka import create_topic
+from oncekit.core.spark_log import SparkLog
+from oncekit.verify.driver import Timeline, start_driver
+from oncekit.verify.examples import PipelineContext
+
+STEPS = ("process", "session", "query", "recovered", "planned", "committed", "caught up")
+TRIGGER = {"processingTime": "1 second"}
+STEADY_BATCHES = 3  # batches committed after catching up before the next kill
+RECOVERY_DEADLINE_S = 180.0
+
+
+def kit_pipeline(spark: Any, ctx: PipelineContext) -> Any:
+    """The kit's source into its transactional Kafka sink (a driver process runs it)."""
+    from oncekit.core.spark.query import start_query
+    from oncekit.sinks.kafka import kafka_sink
+    from oncekit.sources.kafka import kafka_stream
+
+    return start_query(kafka_stream(spark, ctx.bootstrap_servers, ctx.input_topic).select("key", "value"),
+                       kafka_sink(ctx.bootstrap_servers, ctx.output, "transactional"), ctx.checkpoint,
+                       trigger=ctx.trigger)
+
+
+def spark_pipeline(spark: Any, ctx: PipelineContext) -> Any:
+    """Spark's JVM Kafka source into its Kafka sink, the peer (its jars come by PYSPARK_SUBMIT_ARGS)."""
+    frame = peers.spark_kafka_stream(spark, ctx.bootstrap_servers, ctx.input_topic)
+    return (peers.spark_kafka_sink(frame, ctx.bootstrap_servers, ctx.output)
+            .option("checkpointLocation", ctx.checkpoint).trigger(**ctx.trigger).start())
+
+
+def input_end(bench: Bench, topic: str) -> int:
+    """Records in ``topic`` now (a plain producer writes it: offsets are records)."""
+    consumer = Consumer(bench.kafka.consumer_settings(group_id="bench-recovery-marks"))
+    try:
+        partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
+        return sum(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in partitions)
+    finally:
+        consumer.close()
+
+
+def end_offset(spark_log: SparkLog, batch_id: int, topic: str) -> int:
+    (offsets, *_) = spark_log.source_offsets(batch_id)
+    return sum(int(v) for v in (offsets or {}).get(topic, {}).values())
+
+
+def file_times(folder: Path) -> dict[int, float]:
+    return {int(p.name): p.stat().st_mtime for p in folder.glob("[0-9]*") if p.name.isdigit()} if folder.exists() else {}
+
+
+class Case:
+    """One pipeline's driver, its input producer and the restarts measured on it."""
+
+    def __init__(self, bench: Bench, name: str, pipeline: str, env: dict[str, str], work: Path) -> None:
+        self.bench, self.name, self.pipeline, self.env = bench, name, pipeline, env
+        tag = "".join(c if c.isalnum() else "_" for c in name.lower())
+        self.source, output = f"bench_recovery_{tag}_in", f"bench_recovery_{tag}_out"
+        for topic in (self.source, output):
+            create_topic(bench.kafka, topic, partitions=bench.options.partitions)
+        self.ctx = PipelineContext(bench.servers, self.source, output, str(work / tag / "checkpoint"), trigger=TRIGGER)
+        self.log, self.crash_dir = work / tag / "driver.log", work / tag / "crash"
+        self.crash_dir.mkdir(parents=True)
+        self.spark_log = SparkLog(self.ctx.checkpoint)
+        self.timeline = Timeline(self.ctx.checkpoint)
+        self.driver = self._start()
+
+    def _start(self) -> Any:
+        return start_driver(self.pipeline, self.ctx, str(self.crash_dir), log=self.log, env=self.env)
+
+    def wait_committed(self, after: int, deadline_s: float = RECOVERY_DEADLINE_S) -> int:
+        """Wait until Spark logs a batch above ``after``; returns the newest."""
+        deadline = time.monotonic() + deadline_s
+        while True:
+            latest = self.spark_log.latest_completed()
+            if latest is not None and latest > after:
+                return latest
+            if self.driver.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{self.name}: no batch above {after} committed (driver exit {self.driver.poll()}); "
+                                   f"see {self.log}")
+            time.sleep(0.1)
+
+    def kill_and_restart(self) -> dict[str, float]:
+        """Kill -9 the driver, start the next one at once, and return the seconds of each step."""
+        killed_at_end = input_end(self.bench, self.source)
+        before = self.spark_log.latest_completed()
+        killed = time.time()
+        os.killpg(self.driver.pid, signal.SIGKILL)
+        self.driver.wait()
+        self.driver = self._start()
+        last = before if before is not None else -1
+        while True:  # until a batch after the kill covers the input the kill left
+            newest = self.wait_committed(last)
+            covering = next((b for b in range(last + 1, newest + 1)
+                             if end_offset(self.spark_log, b, self.source) >= killed_at_end), None)
+            if covering is not None:
+                return self._steps(killed, covering)
+            last = newest
+
+    def _steps(self, killed: float, covering: int) -> dict[str, float]:
+        """Seconds from ``killed`` to each step; ``covering`` is the first batch that caught up."""
+        root = Path(self.ctx.checkpoint)
+        committed = {b: t for b, t in file_times(root / "commits").items() if t > killed}
+        planned = file_times(root / "offsets")
+        marks = {e["step"]: e["t"] for e in self.timeline.read() if e["t"] > killed}
+        first = min(committed)
+        steps = {step: marks[step] - killed for step in ("process", "session", "query") if step in marks}
+        runs = [p.stat().st_mtime for p in (root / "oncekit").glob("*/journal/run")]
+        if runs and max(runs) > killed:
+            steps["recovered"] = max(runs) - killed
+        steps["planned"] = (planned[first] if planned.get(first, 0.0) > killed else marks.get("query", killed)) - killed
+        steps["committed"] = committed[first] - killed
+        steps["caught up"] = committed[covering] - killed
+        return steps
+
+    def close(self) -> None:
+        if self.driver.poll() is None:
+            os.killpg(self.driver.pid, signal.SIGKILL)
+            self.driver.wait()
+
+
+def measure(bench: Bench, name: str, pipeline: str, env: dict[str, str], kills: int) -> list[Row]:
+    options = bench.options
+    print(f"  {name}: {kills} kills at {options.rate:,} records/s", file=sys.stderr, flush=True)
+    stop = threading.Event()
+    with tempfile.TemporaryDirectory() as work:
+        try:
+            case = Case(bench, name, pipeline, env, Path(work))
+        except Exception as exc:  # the other case still runs
+            return [Row.failed(f"{name} median", failure(exc))]
+        producer = threading.Thread(target=data.produce_at_rate, daemon=True, args=(
+            bench.kafka, case.source, options.rate, 24 * 3600.0, options.record_bytes, options.partitions, stop))
+        producer.start()
+        restarts: list[dict[str, float]] = []
+        try:
+            latest = case.wait_committed(-1)
+            for _ in range(kills):
+                latest = case.wait_committed(latest + STEADY_BATCHES - 1)
+                restarts.append(case.kill_and_restart())
+                latest = case.spark_log.latest_completed() or 0
+        except Exception as exc:
+            return [Row.failed(f"{name} median", failure(exc))]
+        finally:
+            stop.set()
+            case.close()
+            producer.join(60)
+    rows = []
+    for label, figure in (("median", statistics.median), ("max", max)):
+        figures = {step: figure([r[step] for r in restarts if step in r]) for step in STEPS
+                   if any(step in r for r in restarts)}
+        rows.append(Row(f"{name} {label}", figures, f"{len(restarts)} restarts"))
+    return rows
+
+
+def recovery_group(bench: Bench) -> Table:
+    options = bench.options
+    kit, peer = "kit transactional", "Spark Kafka source and sink"
+    print("7. Recovery", file=sys.stderr, flush=True)
+    table = Table(
+        f"7. Recovery after kill -9 of the driver: {options.rate:,} records/s, {options.partitions} partitions, "
+        f"processingTime 1 second, {options.kills} kills each; seconds from the kill",
+        STEPS, ("committed", "caught up"), "recovery time; below 1 the kit recovers faster",
+        ratios=[Ratio(f"{kit} median", f"{peer} median"), Ratio(f"{kit} max", f"{peer} max")],
+        notes=["A new driver process starts right after each kill (local[2,4], the driver's Spark session and "
+               "query from nothing). " + bench.connector.describe() + ". Steps: see benchmarks/recovery.py."])
+    jars = {"PYSPARK_SUBMIT_ARGS": f"--jars {','.join(bench.connector.jars)} pyspark-shell"}
+    table.rows += measure(bench, kit, "benchmarks.recovery:kit_pipeline", {}, options.kills)
+    table.rows += measure(bench, peer, "benchmarks.recovery:spark_pipeline", jars, options.kills)
+    return table
