@@ -108,8 +108,14 @@ class Timeline:
         self.path = Path(checkpoint + ".timeline")
 
     def note(self, step: str) -> None:
-        with self.path.open("a") as out:
-            out.write(json.dumps({"step": step, "t": time.time(), "pid": os.getpid()}) + "\n")
+        """Append ``step``; never fails the driver (the folder may not exist yet: Spark makes the
+        checkpoint's own at the query's start)."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self.path.open("a") as out:
+                out.write(json.dumps({"step": step, "t": time.time(), "pid": os.getpid()}) + "\n")
+        except OSError as exc:
+            logger.warning("driver timeline %s: %s", self.path, exc)
 
     def read(self) -> list[dict[str, Any]]:
         if not self.path.exists():
