@@ -7,7 +7,7 @@ transaction names and abort each other's).
 since the epoch; ``run`` the query run's token, :class:`~oncekit.core.spark.writer.QueryRun`).
 Taken by :func:`~oncekit.core.spark.query.start_query` before the query starts, renewed every
 :data:`RENEW_S` by its batch watchdog, released when the query ends. A lease not renewed for
-:data:`EXPIRES_S` is void (its driver died or lost the storage); one of a process that is gone
+:data:`EXPIRES_S` (``ONCEKIT_LEASE_EXPIRY_S``) is void (its driver died or lost the storage); one of a process that is gone
 from this host is void at once. A standby driver waits for a void lease (:func:`wait_free`).
 A driver that finds its lease taken by another run (it was paused past the expiry, and a
 standby took over) stops its query, and its stream writer refuses to journal a batch
@@ -25,14 +25,32 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
-from oncekit.core.errors import CommitError
+from oncekit.core.errors import CommitError, ConfigError
 from oncekit.core.storage import delete_file, filesystem, read_bytes, write_atomically
 
 LEASE = "oncekit/lease"
 """The lease file, relative to the checkpoint."""
-RENEW_S = 10.0
-EXPIRES_S = 45.0
+EXPIRY_ENV = "ONCEKIT_LEASE_EXPIRY_S"
+
+
+def _expiry_s() -> float:
+    setting = os.environ.get(EXPIRY_ENV, "45")
+    try:
+        seconds = float(setting)
+    except ValueError:
+        seconds = 0.0
+    if not seconds >= 4:
+        raise ConfigError(f"{EXPIRY_ENV}={setting!r}: give the lease's expiry in seconds, at least 4")
+    return seconds
+
+
+EXPIRES_S = _expiry_s()
+"""A lease not renewed for this long is void (``ONCEKIT_LEASE_EXPIRY_S``, default 45): how long a
+standby on another host waits after the active driver stopped renewing. Every driver and standby
+of a query must have the same."""
+RENEW_S = min(10.0, EXPIRES_S / 4)
 
 _PROCESS = uuid.uuid4().hex  # this process, across pid reuse
 
@@ -100,12 +118,14 @@ def require_held(checkpoint: str, run: str, where: str) -> None:
                           "it and journals nothing, so the batch is left to that driver")
 
 
-def wait_free(checkpoints: Sequence[str], poll_s: float = 0.2, announce: Callable[[str], None] = lambda text: None,
-              ) -> None:
+def wait_free(checkpoints: Sequence[str], poll_s: float = 0.05, announce: Callable[[str], None] = lambda text: None,
+              every: tuple[float, Callable[[], Any]] | None = None) -> None:
     """A standby driver, warmed up: return once no live driver holds any of ``checkpoints``'
     leases (at once when the holder's process is gone from this host, else when its lease
-    lapses). ``announce`` hears who holds them while it waits."""
+    lapses). ``announce`` hears who holds them while it waits; ``every`` = (seconds, call):
+    ``call`` runs that often while it waits (:func:`oncekit.core.spark.standby.stand_by`'s warm-up)."""
     told: set[tuple[str, str]] = set()
+    last = time.monotonic()
     while True:
         held = [(checkpoint, holder) for checkpoint in checkpoints
                 if (holder := QueryLease(checkpoint).holder()) is not None and not holder.is_mine]
@@ -115,4 +135,7 @@ def wait_free(checkpoints: Sequence[str], poll_s: float = 0.2, announce: Callabl
             if (checkpoint, holder.process) not in told:
                 told.add((checkpoint, holder.process))
                 announce(f"standby: {checkpoint} is run by {holder.describe()}; waiting")
+        if every is not None and time.monotonic() - last >= every[0]:
+            every[1]()
+            last = time.monotonic()
         time.sleep(poll_s)

@@ -21,9 +21,9 @@ from oncekit.connectors.kafka import KafkaConfig, create_topic
 from oncekit.connectors.services import load_state
 from oncekit.core import savepoint as savepoints
 from oncekit.core.errors import ConfigError
-from oncekit.core.lease import wait_free
 from oncekit.core.savepoint_stop import StopRequests, request_savepoint
 from oncekit.core.spark.session import spark_session
+from oncekit.core.spark.standby import stand_by
 from oncekit.reference import generator
 from oncekit.reference.config import load_with_services
 from oncekit.reference.pipeline import QUERIES, ReferencePipeline
@@ -38,13 +38,14 @@ def run_pipeline(config_path: str | None, overrides: Mapping[str, Any], from_sav
     given, its state rescaled to ``state_partitions`` if given) until it drains the topic, fails
     for good, or is asked to stop with a savepoint. With ``ui_port``, the status page serves on
     that port while it runs. With ``standby``, Spark and the queries' plans are made first, then
-    it waits until no other driver holds the checkpoints (:func:`oncekit.core.lease.wait_free`)."""
+    it warms up and waits until no other driver holds the checkpoints
+    (:func:`oncekit.core.spark.standby.stand_by`)."""
     pipeline = ReferencePipeline(load_with_services(config_path, overrides))
     session = functools.partial(spark_session, "oncekit-pipeline")
     spark = session()
     if standby:
         pipeline.queries(spark)  # the sources registered and the plans analyzed while it waits
-        wait_free([f"{pipeline.checkpoint}/{name}" for name in QUERIES], announce=print)
+        stand_by(spark, [f"{pipeline.checkpoint}/{name}" for name in QUERIES], announce=print)
         print("standby: taking over", flush=True)
     if from_savepoint:
         restored = pipeline.restore(spark, from_savepoint, state_partitions)

@@ -31,13 +31,17 @@ campaign's catch-up window."""
 
 
 def start_driver(pipeline: str, ctx: PipelineContext, crash_dir: str, drain: bool = False,
-                 log: Path | None = None, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+                 log: Path | None = None, env: dict[str, str] | None = None,
+                 standby: bool = False) -> subprocess.Popen[bytes]:
     """Start the driver process of ``pipeline`` (``python -m oncekit.verify``) in a session of its
     own, so that SIGKILL takes it and its Spark JVM together, with crash points read from
     ``crash_dir``. ``drain``: run until the input is drained (availableNow), once, without
-    restarts; else run until SIGTERM, restarting the query as a restart strategy would."""
+    restarts; else run until SIGTERM, restarting the query as a restart strategy would.
+    ``standby``: start Spark, then wait until no other driver holds the query's lease
+    (:func:`~oncekit.core.spark.standby.stand_by`) before running it."""
     # Secrets (the DSN's password, Kafka's SASL settings) go by environment, not on the command line.
-    spec = {"pipeline": pipeline, "context": {**asdict(ctx), "dsn": "", "kafka_client": {}}, "drain": drain}
+    spec = {"pipeline": pipeline, "context": {**asdict(ctx), "dsn": "", "kafka_client": {}}, "drain": drain,
+            "standby": standby}
     environment = {**os.environ, **(env or {}), CRASH_DIR_ENV: crash_dir, "ONCEKIT_VERIFY_DSN": ctx.dsn,
                    "ONCEKIT_VERIFY_KAFKA_CLIENT": json.dumps(ctx.kafka_client)}
     out = open(log, "ab") if log else subprocess.DEVNULL
@@ -54,6 +58,7 @@ def main(spec_text: str) -> int:
     from oncekit.core.restart import ExponentialBackoff, supervise
     from oncekit.core.spark.query import BATCH_TIMEOUT_CONF
     from oncekit.core.spark.session import spark_session
+    from oncekit.core.spark.standby import stand_by
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     spec = json.loads(spec_text)
@@ -68,6 +73,11 @@ def main(spec_text: str) -> int:
     # Spark retries a failed task (local[cores,maxFailures] in local mode; a cluster's own conf else).
     master = os.environ.get("SPARK_MASTER") or "local[2,4]"
     conf = {f"spark.executorEnv.{CRASH_DIR_ENV}": os.environ.get(CRASH_DIR_ENV, ""), BATCH_TIMEOUT_CONF: str(BATCH_TIMEOUT_S)}
+    if spec["standby"]:  # SIGTERM ends a waiting standby at once
+        standby_session = spark_session("oncekit-verify", master=master, conf=conf)
+        timeline.note("session")
+        stand_by(standby_session, [ctx.checkpoint], warmed=lambda: timeline.note("warm"))
+        timeline.note("takeover")
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     restarts_file = Path(ctx.checkpoint + ".restarts")
@@ -102,7 +112,7 @@ class Timeline:
     """``<checkpoint>.timeline``: when each start of a driver process reached each step (a JSON
     line each: step, wall-clock time, pid); ``make bench``'s recovery group reads it beside
     Spark's logs. Steps: process (its main runs), session (Spark's session is up), query
-    (the query started)."""
+    (the query started); a standby's warm (warmed up, waiting) and takeover (the lease is free)."""
 
     def __init__(self, checkpoint: str) -> None:
         self.path = Path(checkpoint + ".timeline")
@@ -132,12 +142,14 @@ class DriverProcess:
     crash_dir: str
     log: Path
     env: dict[str, str]
+    standby: bool = False  # a standby driver (:func:`~oncekit.core.spark.standby.stand_by`)
     process: subprocess.Popen[bytes] | None = None
     restarts: int = 0
     launched: float = 0.0  # wall-clock time of the last (re)start
 
     def ensure_running(self, timeout_s: float = 180.0) -> None:
-        """Start the driver if it is not running; the first time, wait until its query started."""
+        """Start the driver if it is not running; the first time, wait until its query started
+        (a standby's: until it has warmed up)."""
         if self.process is not None and self.process.poll() is None:
             return
         first = self.process is None
@@ -145,7 +157,11 @@ class DriverProcess:
             self.restarts += 1
             logger.info("verify: driver exited with %s; restarting it", self.process.returncode)  # type: ignore[union-attr]
         self.launched = time.time()
-        self.process = start_driver(self.pipeline, self.ctx, self.crash_dir, log=self.log, env=self.env)
+        self.process = start_driver(self.pipeline, self.ctx, self.crash_dir, log=self.log, env=self.env,
+                                    standby=self.standby)
+        if first and self.standby:
+            self.wait_step("warm", timeout_s)
+            return
         started = Path(self.ctx.checkpoint + ".started")
         deadline = time.monotonic() + timeout_s
         while first and not started.exists():
@@ -157,6 +173,17 @@ class DriverProcess:
         while first and spark_log.latest_planned() is None and time.monotonic() < deadline:
             # The first trigger plans an empty batch 0 at the starting offsets; a crash point armed
             # for "the next batch" must not be spent on it.
+            time.sleep(0.2)
+
+    def wait_step(self, step: str, timeout_s: float) -> None:
+        """Wait until the current driver process notes ``step`` in its timeline (:class:`Timeline`)."""
+        timeline, deadline = Timeline(self.ctx.checkpoint), time.monotonic() + timeout_s
+        process = self.process
+        assert process is not None
+        while not any(e["step"] == step and e["pid"] == process.pid for e in timeline.read()):
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise VerifyError(f"pipeline {self.pipeline}: the driver did not reach {step} within {timeout_s:.0f} s "
+                                  f"(exit {process.poll()}); see {self.log}")
             time.sleep(0.2)
 
     def running_query(self) -> bool:
@@ -176,6 +203,15 @@ class DriverProcess:
         if self.process is not None and self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
+
+    def pause(self) -> None:
+        """SIGSTOP the driver and every process of its session (its JVM, its Python workers)."""
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGCONT)
 
     def stop(self, timeout_s: float = 120.0) -> int | None:
         """SIGTERM: the driver stops its query gracefully (completing its last checkpoint)."""

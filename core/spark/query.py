@@ -155,7 +155,7 @@ class BatchWatchdog:
     def _watch_batches(self, lease: QueryLease) -> None:
         log = SparkLog(self.checkpoint)
         renewed = time.monotonic()
-        every = min(max(self.timeout_s / 10, 0.5), 10.0)
+        every = min(max(self.timeout_s / 10, 0.5), RENEW_S)
         pending: tuple[int, float] | None = None  # (planned, not committed batch; when first seen so)
         threadless = 0
         while not self._done.wait(every):
@@ -249,7 +249,7 @@ def take_lease(checkpoint: str, run: str) -> None:
     if holder is not None and not holder.is_mine:
         raise ConfigError(f"the query checkpointed at {checkpoint} is running ({holder.describe()}); two drivers on "
                           f"one checkpoint write the same transactions and abort each other's. Stop it first; a "
-                          "driver that died leaves a lease that lapses within {EXPIRES_S:.0f} s")
+                          f"driver that died leaves a lease that lapses within {EXPIRES_S:.0f} s")
     lease.renew(run)
 
 
@@ -314,7 +314,10 @@ class OncekitQuery:
     def _stopped(self) -> None:
         # The listener (or the server's committer) commits the last batches: their progress
         # events, then the termination. Wait until it has, rather than race it (two publishers
-        # of one Kafka batch fence each other), then commit whatever it left.
+        # of one Kafka batch fence each other), then commit whatever it left. A driver that lost
+        # its lease leaves them to the driver that took it over, for the same reason.
+        if self.watchdog is not None and isinstance(self.watchdog.stall, LeaseLostError):
+            return
         engine = CheckpointEngine.of(self.sink, self.checkpoint)
         deadline = time.monotonic() + LAST_NOTIFICATION_WAIT_S
         query_id = str(self.query.id)

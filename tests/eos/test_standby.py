@@ -1,7 +1,7 @@
 """A standby driver and a driver that lost its lease (issue 23 item 3), against a real broker:
-the standby waits while the active driver runs and takes over once it is killed, exactly once;
-a driver whose lease another run took (it was paused past the expiry) stops its query and
-journals nothing more."""
+the standby campaign (kills of the active driver, of the standby, of both, and an active driver
+paused past its lease's expiry) ends exactly once with progress after every fault; a driver whose
+lease another run took stops its query and journals nothing more."""
 
 from __future__ import annotations
 
@@ -16,45 +16,88 @@ import pytest
 
 from oncekit.connectors import KafkaConfig
 from oncekit.connectors.kafka import create_topic
-from oncekit.core.lease import LEASE, wait_free
+from oncekit.core.lease import EXPIRY_ENV, LEASE
 from oncekit.core.spark_log import SparkLog
 from oncekit.verify import PipelineContext, compare, start_example
 from oncekit.verify.driver import DriverProcess
+from oncekit.verify.io import KafkaOutput
 from tests.eos.pipeline import COUNT, produce_input, read_committed
 
 pytestmark = [pytest.mark.services, pytest.mark.spark]
 
 
-def output(kafka: KafkaConfig, topic: str, expected: int) -> list[int]:
+def output_values(kafka: KafkaConfig, topic: str, expected: int) -> list[int]:
     return [int(v) for v in read_committed(kafka, topic, expected, timeout_s=60)]
 
 
-def test_standby_waits_while_the_active_driver_runs_and_takes_over_when_it_is_killed(
-    spark: Any, kafka: KafkaConfig, topic: str, tmp_path: Path, crash_dir: Path,
+CHUNK = 2_000
+PROGRESS_S = 120.0
+"""Every step's input is committed within this many seconds, else the campaign stalled."""
+LEASE_EXPIRY_S = 20.0
+
+
+def test_standby_campaign_ends_exactly_once_with_progress_after_every_fault(
+    kafka: KafkaConfig, topic: str, tmp_path: Path, crash_dir: Path,
 ) -> None:
-    expected = produce_input(kafka, topic, COUNT)
+    """Kill -9 of the standby, of the active driver, of both one after the other, and an active
+    driver paused (SIGSTOP) past its lease's expiry, which must stop without writing once it
+    resumes: after each, all input so far is committed within PROGRESS_S; at the end, the output
+    is the input, exactly once."""
     out = f"{topic}-out"
     create_topic(kafka, out, partitions=2)
-    ctx = PipelineContext(kafka.bootstrap_servers, topic, out, str(tmp_path / "checkpoint"))
-    active = DriverProcess("kafka-transactional", ctx, str(crash_dir), tmp_path / "active.log", {})
+    ctx = PipelineContext(kafka.bootstrap_servers, topic, out, str(tmp_path / "checkpoint"),
+                          trigger={"processingTime": "1 second"}, max_offsets_per_trigger=500)
+    env = {EXPIRY_ENV: str(LEASE_EXPIRY_S)}
+    drivers: list[DriverProcess] = []
+    expected: list[int] = []
+
+    def driver(standby: bool) -> DriverProcess:
+        started = DriverProcess("kafka-transactional", ctx, str(crash_dir), tmp_path / f"driver{len(drivers)}.log", env,
+                                standby=standby)
+        drivers.append(started)
+        started.ensure_running()
+        return started
+
+    def progress(after: str, output: KafkaOutput) -> None:
+        """More input; all of it so far committed within PROGRESS_S, else a stall named by step."""
+        expected.extend(produce_input(kafka, topic, CHUNK, first=len(expected)))
+        deadline = time.monotonic() + PROGRESS_S
+        while len(output.read()) < len(expected):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"stall after {after}: {len(output.read())} of {len(expected)} records committed "
+                                     f"after {PROGRESS_S:.0f} s; driver logs in {tmp_path}")
+            time.sleep(0.5)
+
     try:
-        active.ensure_running()
-        standby = threading.Thread(target=wait_free, args=([ctx.checkpoint],), daemon=True)
-        standby.start()
-        standby.join(5)
-        assert standby.is_alive(), "the standby took over while the active driver ran"
-        active.kill()
-        killed = time.monotonic()
-        standby.join(30)
-        assert not standby.is_alive(), "the standby did not take over within 30 s of the kill"
-        took = time.monotonic() - killed
+        with KafkaOutput(kafka, out) as output:
+            active, standby = driver(False), driver(True)
+            progress("the start", output)
+            standby.kill()
+            progress("kill -9 of the standby", output)
+            standby = driver(True)
+            active.kill()
+            progress("kill -9 of the active driver (the standby took over)", output)
+            active, standby = standby, driver(True)
+            active.kill()
+            standby.kill()
+            active, standby = driver(False), driver(True)  # a supervisor starts both again
+            progress("kill -9 of the active driver and then of the standby", output)
+            active.pause()
+            paused = time.monotonic()
+            progress("the active driver paused past its lease's expiry (the standby took over)", output)
+            assert time.monotonic() - paused > LEASE_EXPIRY_S, "the standby took over from a live lease"
+            active.resume()
+            assert active.process is not None
+            active.process.wait(timeout=60)  # it found its lease taken and stopped: LeaseLostError
+            assert "lease is held by another driver" in active.log.read_text()
+            progress("the paused driver resumed and stopped", output)
+        for running in drivers:
+            running.stop()
     finally:
-        active.kill()
-    query = start_example("kafka-transactional", spark, dataclasses.replace(ctx, trigger={"availableNow": True}))
-    query.await_termination()
-    verdict = compare(expected, output(kafka, out, len(expected)))
+        for running in drivers:
+            running.kill()
+    verdict = compare(expected, output_values(kafka, out, len(expected)))
     assert verdict.exactly_once, verdict.summary()
-    assert took < 5, f"the standby took {took:.1f} s to see the killed driver's lease void"
 
 
 def test_a_driver_whose_lease_another_run_took_stops_and_journals_nothing_more(

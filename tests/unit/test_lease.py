@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from oncekit.core.engine import owner_in_use
-from oncekit.core.errors import CommitError
-from oncekit.core.lease import EXPIRES_S, LEASE, QueryLease, require_held, wait_free
+from oncekit.core.errors import CommitError, ConfigError
+from oncekit.core.lease import EXPIRES_S, EXPIRY_ENV, LEASE, QueryLease, _expiry_s, require_held, wait_free
 from oncekit.core.protocol import SinkOwner
 
 
@@ -72,3 +72,19 @@ def test_a_standby_waits_until_the_lease_is_void(tmp_path: Path) -> None:
     started = time.monotonic()
     wait_free([str(tmp_path)], poll_s=0.05, announce=told.append)
     assert 0.3 < time.monotonic() - started < 5 and told and "waiting" in told[0]
+
+
+def test_a_waiting_standby_warms_up_again_while_it_waits(tmp_path: Path) -> None:
+    calls: list[float] = []
+    _write(tmp_path, host="other-host", pid=1, process="x", renewed_at=time.time() - EXPIRES_S + 0.5, run="active")
+    wait_free([str(tmp_path)], every=(0.1, lambda: calls.append(time.monotonic())))
+    assert len(calls) >= 2
+
+
+def test_the_lease_expiry_comes_from_the_environment_and_a_bad_one_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(EXPIRY_ENV, "20")
+    assert _expiry_s() == 20.0
+    for bad in ("soon", "0", "2"):
+        monkeypatch.setenv(EXPIRY_ENV, bad)
+        with pytest.raises(ConfigError, match=f"{EXPIRY_ENV}='{bad}'"):
+            _expiry_s()

@@ -1,0 +1,148 @@
+"""A warm standby driver (issue 23 item 3): a second driver process that has its JVM, its Spark
+session and the Python processes Spark keeps for Python data sources started, and waits until no
+other driver holds the query's lease (:mod:`oncekit.core.lease`), so that it starts the query
+seconds after the active driver died instead of the half minute a fresh driver takes.
+
+In a job of your own::
+
+    frame = kafka_stream(spark, servers, "events")   # analyzed now, while the active driver runs
+    stand_by(spark, [checkpoint])                      # warm up, then wait for the lease
+    query = start_query(frame, sink, checkpoint)
+
+What a warm-up starts (measured on two cores: a fresh session's first query spends 10-15 s on
+them): Spark starts one long-lived Python process per worker module the first time a session
+needs it (looking up, creating and planning a Python data source, creating its stream writer,
+committing a micro-batch, running tasks), each importing pyspark from ``pyspark.zip`` uncached.
+A streaming query from a source of the kit's own into a no-op sink, one micro-batch on a
+temporary checkpoint, starts all of them and imports the kit's connector modules in the task
+workers. Spark ends task workers idle for a minute, so the warm-up is repeated every
+:data:`REWARM_S` while waiting. A Spark Connect client has nothing to warm: the server keeps
+its processes between queries.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+
+import pyarrow as pa
+from pyspark.sql import SparkSession
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceStreamArrowWriter,
+    DataSourceStreamReader,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailableNow
+from pyspark.sql.types import StructType
+
+from oncekit.core.deadline import bounded
+from oncekit.core.lease import wait_free
+
+logger = logging.getLogger(__name__)
+
+WARM_UP_FORMAT = "oncekit-warm-up"
+REWARM_S = 45.0
+"""How often a waiting standby warms up again: Spark ends task workers idle for 60 s."""
+WARM_UP_TIMEOUT_S = 120.0
+
+
+def _import_connectors() -> None:
+    """In a task worker the query's tasks will reuse: the modules its reads and writes need."""
+    import oncekit.sinks.kafka  # noqa: F401
+    import oncekit.sinks.postgres  # noqa: F401
+    import oncekit.sources._spark_kafka  # noqa: F401
+
+
+class _WarmUpReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """One micro-batch of one row in each of two partitions."""
+
+    def initialOffset(self) -> dict[str, int]:
+        return {"batch": 0}
+
+    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
+        return {"batch": 1}
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        pass
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
+        return [InputPartition(0), InputPartition(1)] if end["batch"] > start["batch"] else []
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[int]]:
+        _import_connectors()
+        yield (partition.value,)
+
+    def commit(self, end: dict[str, int]) -> None:
+        pass
+
+
+class _WarmUpWriter(DataSourceStreamArrowWriter):
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        for _ in iterator:
+            pass
+        _import_connectors()
+        return WriterCommitMessage()
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        pass
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        pass
+
+
+class WarmUpDataSource(DataSource):
+    """``format("oncekit-warm-up")``: a stream source of one two-row batch and a stream sink
+    that writes nothing (:func:`warm_up`)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return WARM_UP_FORMAT
+
+    def schema(self) -> str:
+        return "value int"
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return _WarmUpReader()
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamArrowWriter:
+        return _WarmUpWriter()
+
+
+def warm_up(spark: SparkSession) -> float:
+    """Standby driver, before it waits and every :data:`REWARM_S` while it does: analyze a frame
+    of the kit's Kafka source and run one micro-batch of a throwaway query (:class:`WarmUpDataSource`),
+    so that Spark's Python processes for the real query are started. Touches no service and no
+    checkpoint of the user's; returns the seconds it took (0 on a Spark Connect session)."""
+    from oncekit.core.spark.query import is_connect
+    from oncekit.sources.kafka import kafka_stream
+
+    if is_connect(spark):
+        return 0.0
+    started = time.monotonic()
+    kafka_stream(spark, "warm-up.invalid:9092", "warm-up")  # analyzed only: the source's schema needs no broker
+    spark.dataSource.register(WarmUpDataSource)
+    with tempfile.TemporaryDirectory(prefix="oncekit-warm-up-") as checkpoint:
+        query = (spark.readStream.format(WARM_UP_FORMAT).load().writeStream.format(WARM_UP_FORMAT).option("checkpointLocation", checkpoint)
+                 .trigger(availableNow=True).start())
+        try:
+            bounded("standby: the warm-up query", WARM_UP_TIMEOUT_S, query.awaitTermination)
+        finally:
+            query.stop()
+    return time.monotonic() - started
+
+
+def stand_by(spark: SparkSession, checkpoints: Sequence[str], announce: Callable[[str], None] = logger.info,
+             warmed: Callable[[], None] = lambda: None) -> None:
+    """A standby driver's wait: warm ``spark`` up (:func:`warm_up`) and call ``warmed``, then
+    return once no live driver holds any of ``checkpoints``' leases
+    (:func:`~oncekit.core.lease.wait_free`), warming up again every :data:`REWARM_S`. Build the
+    query's frames before, start the queries after."""
+    announce(f"standby: warmed up in {warm_up(spark):.1f} s")
+    warmed()
+    wait_free(checkpoints, announce=announce, every=(REWARM_S, lambda: warm_up(spark)))
+
+
