@@ -4,12 +4,15 @@ seconds go until its successor has committed a batch and caught up (issue 23 ite
 Each case runs its query in a driver process of its own (``python -m oncekit.verify`` with one of
 the pipelines below), input produced at ``--rate`` records a second throughout. When the query
 is committing, the driver's process group is killed and a new driver started at once, as a
-supervisor with no restart delay would; ``--kills`` times. Every step is read afterwards from
+supervisor with no restart delay would; ``--kills`` times. With a standby, a second driver
+process (:func:`oncekit.core.spark.standby.stand_by`) is started and warmed up before each kill,
+takes over, and the next standby starts once it has caught up. Every step is read afterwards from
 what the processes leave: the driver's timeline (:class:`~oncekit.verify.driver.Timeline`), the
 kit's journal and Spark's offset and commit logs. Seconds from the kill:
 
 - process: the new driver's Python runs its main (imports done);
 - session: Spark's session is up (its JVM started);
+- takeover: the standby found the lease free; none without a standby;
 - query: the query started (``start_query`` or ``start()`` returned);
 - recovered: the kit's sink recovered (the journal records the run); none for the peer;
 - planned: the first batch after the kill is planned (its offset log entry; a batch the dead
@@ -38,10 +41,10 @@ from benchmarks.environment import Bench
 from benchmarks.table import Ratio, Row, Table
 from oncekit.connectors.kafka import create_topic
 from oncekit.core.spark_log import SparkLog
-from oncekit.verify.driver import Timeline, start_driver
+from oncekit.verify.driver import Timeline, start_driver, wait_step
 from oncekit.verify.examples import PipelineContext
 
-STEPS = ("process", "session", "query", "recovered", "planned", "committed", "caught up")
+STEPS = ("process", "session", "takeover", "query", "recovered", "planned", "committed", "caught up")
 TRIGGER = {"processingTime": "1 second"}
 STEADY_BATCHES = 3  # batches committed after catching up before the next kill
 RECOVERY_DEADLINE_S = 180.0
@@ -87,7 +90,8 @@ def file_times(folder: Path) -> dict[int, float]:
 class Case:
     """One pipeline's driver, its input producer and the restarts measured on it."""
 
-    def __init__(self, bench: Bench, name: str, pipeline: str, env: dict[str, str], work: Path) -> None:
+    def __init__(self, bench: Bench, name: str, pipeline: str, env: dict[str, str], work: Path,
+                 standby: bool = False) -> None:
         self.bench, self.name, self.pipeline, self.env = bench, name, pipeline, env
         tag = "".join(c if c.isalnum() else "_" for c in name.lower())
         self.source, output = f"bench_recovery_{tag}_in", f"bench_recovery_{tag}_out"
@@ -99,9 +103,17 @@ class Case:
         self.spark_log = SparkLog(self.ctx.checkpoint)
         self.timeline = Timeline(self.ctx.checkpoint)
         self.driver = self._start()
+        self.with_standby = standby
+        self.standby = self._start_standby() if standby else None
 
-    def _start(self) -> Any:
-        return start_driver(self.pipeline, self.ctx, str(self.crash_dir), log=self.log, env=self.env)
+    def _start(self, standby: bool = False) -> Any:
+        return start_driver(self.pipeline, self.ctx, str(self.crash_dir), log=self.log, env=self.env, standby=standby)
+
+    def _start_standby(self) -> Any:
+        """A standby driver, once it has warmed up."""
+        process = self._start(standby=True)
+        wait_step(process, self.ctx.checkpoint, "warm", RECOVERY_DEADLINE_S, f"{self.name} standby, log {self.log}")
+        return process
 
     def wait_committed(self, after: int, deadline_s: float = RECOVERY_DEADLINE_S) -> int:
         """Wait until Spark logs a batch above ``after``; returns the newest."""
@@ -122,15 +134,22 @@ class Case:
         killed = time.time()
         os.killpg(self.driver.pid, signal.SIGKILL)
         self.driver.wait()
-        self.driver = self._start()
+        if self.standby is None:
+            self.driver = self._start()
+        else:
+            self.driver, self.standby = self.standby, None
         last = before if before is not None else -1
         while True:  # until a batch after the kill covers the input the kill left
             newest = self.wait_committed(last)
             covering = next((b for b in range(last + 1, newest + 1)
                              if end_offset(self.spark_log, b, self.source) >= killed_at_end), None)
             if covering is not None:
-                return self._steps(killed, covering)
+                break
             last = newest
+        steps = self._steps(killed, covering)
+        if self.with_standby:
+            self.standby = self._start_standby()
+        return steps
 
     def _steps(self, killed: float, covering: int) -> dict[str, float]:
         """Seconds from ``killed`` to each step; ``covering`` is the first batch that caught up."""
@@ -139,7 +158,7 @@ class Case:
         planned = file_times(root / "offsets")
         marks = {e["step"]: e["t"] for e in self.timeline.read() if e["t"] > killed}
         first = min(committed)
-        steps = {step: marks[step] - killed for step in ("process", "session", "query") if step in marks}
+        steps = {step: marks[step] - killed for step in ("process", "session", "takeover", "query") if step in marks}
         runs = [p.stat().st_mtime for p in (root / "oncekit").glob("*/journal/run")]
         if runs and max(runs) > killed:
             steps["recovered"] = max(runs) - killed
@@ -149,18 +168,20 @@ class Case:
         return steps
 
     def close(self) -> None:
-        if self.driver.poll() is None:
-            os.killpg(self.driver.pid, signal.SIGKILL)
-            self.driver.wait()
+        for process in (self.driver, self.standby):
+            if process is not None and process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
 
 
-def measure(bench: Bench, name: str, pipeline: str, env: dict[str, str], kills: int) -> list[Row]:
+def measure(bench: Bench, name: str, pipeline: str, env: dict[str, str], kills: int, standby: bool = False,
+            ) -> list[Row]:
     options = bench.options
     print(f"  {name}: {kills} kills at {options.rate:,} records/s", file=sys.stderr, flush=True)
     stop = threading.Event()
     with tempfile.TemporaryDirectory() as work:
         try:
-            case = Case(bench, name, pipeline, env, Path(work))
+            case = Case(bench, name, pipeline, env, Path(work), standby)
         except Exception as exc:  # the other case still runs
             return [Row.failed(f"{name} median", failure(exc))]
         producer = threading.Thread(target=data.produce_at_rate, daemon=True, args=(
@@ -189,16 +210,19 @@ def measure(bench: Bench, name: str, pipeline: str, env: dict[str, str], kills: 
 
 def recovery_group(bench: Bench) -> Table:
     options = bench.options
-    kit, peer = "kit transactional", "Spark Kafka source and sink"
+    kit, standby, peer = "kit transactional", "kit transactional, standby", "Spark Kafka source and sink"
     print("7. Recovery", file=sys.stderr, flush=True)
     table = Table(
         f"7. Recovery after kill -9 of the driver: {options.rate:,} records/s, {options.partitions} partitions, "
         f"processingTime 1 second, {options.kills} kills each; seconds from the kill",
         STEPS, ("committed", "caught up"), "recovery time; below 1 the kit recovers faster",
-        ratios=[Ratio(f"{kit} median", f"{peer} median"), Ratio(f"{kit} max", f"{peer} max")],
+        ratios=[Ratio(f"{kit} median", f"{peer} median"), Ratio(f"{kit} max", f"{peer} max"),
+                Ratio(f"{standby} median", f"{peer} median"), Ratio(f"{standby} max", f"{peer} max")],
         notes=["A new driver process starts right after each kill (local[2,4], the driver's Spark session and "
-               "query from nothing). " + bench.connector.describe() + ". Steps: see benchmarks/recovery.py."])
+               "query from nothing); with a standby, the warmed-up standby takes over and the next standby starts "
+               "once it has caught up. " + bench.connector.describe() + ". Steps: see benchmarks/recovery.py."])
     jars = {"PYSPARK_SUBMIT_ARGS": f"--jars {','.join(bench.connector.jars)} pyspark-shell"}
     table.rows += measure(bench, kit, "benchmarks.recovery:kit_pipeline", {}, options.kills)
+    table.rows += measure(bench, standby, "benchmarks.recovery:kit_pipeline", {}, options.kills, standby=True)
     table.rows += measure(bench, peer, "benchmarks.recovery:spark_pipeline", jars, options.kills)
     return table

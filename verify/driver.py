@@ -133,6 +133,16 @@ class Timeline:
         return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
 
 
+def wait_step(process: subprocess.Popen[bytes], checkpoint: str, step: str, timeout_s: float, where: str) -> None:
+    """Wait until the driver ``process`` notes ``step`` in the timeline of ``checkpoint``
+    (:class:`Timeline`); VerifyError naming ``where`` if it exits or ``timeout_s`` passes first."""
+    timeline, deadline = Timeline(checkpoint), time.monotonic() + timeout_s
+    while not any(e["step"] == step and e["pid"] == process.pid for e in timeline.read()):
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise VerifyError(f"{where}: the driver did not reach {step} within {timeout_s:.0f} s (exit {process.poll()})")
+        time.sleep(0.2)
+
+
 @dataclass
 class DriverProcess:
     """A campaign's driver process, restarted when it dies."""
@@ -176,15 +186,9 @@ class DriverProcess:
             time.sleep(0.2)
 
     def wait_step(self, step: str, timeout_s: float) -> None:
-        """Wait until the current driver process notes ``step`` in its timeline (:class:`Timeline`)."""
-        timeline, deadline = Timeline(self.ctx.checkpoint), time.monotonic() + timeout_s
-        process = self.process
-        assert process is not None
-        while not any(e["step"] == step and e["pid"] == process.pid for e in timeline.read()):
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise VerifyError(f"pipeline {self.pipeline}: the driver did not reach {step} within {timeout_s:.0f} s "
-                                  f"(exit {process.poll()}); see {self.log}")
-            time.sleep(0.2)
+        """Wait until the current driver process notes ``step`` in its timeline (:func:`wait_step`)."""
+        assert self.process is not None
+        wait_step(self.process, self.ctx.checkpoint, step, timeout_s, f"pipeline {self.pipeline}, log {self.log}")
 
     def running_query(self) -> bool:
         """The current driver process has started its query."""
