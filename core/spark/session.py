@@ -9,9 +9,13 @@ client's: the server has its own master, cluster settings and Python.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Mapping
+from pathlib import Path
 
 from pyspark.sql import SparkSession
 
@@ -69,6 +73,8 @@ def spark_session(app_name: str = "oncekit", master: str | None = None, conf: Ma
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name)
     master = master or os.environ.get("SPARK_MASTER")
+    if master is None or master.startswith("local"):
+        use_installed_pyspark()
     if master:  # else spark-submit's own, which is local[*] when nothing set one
         builder = builder.master(master)
     for key, value in {**default_conf(), **(conf or {})}.items():
@@ -76,3 +82,41 @@ def spark_session(app_name: str = "oncekit", master: str | None = None, conf: Ma
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
     return session
+
+
+def use_installed_pyspark() -> None:
+    """Called by :func:`spark_session` before it starts a local JVM: have Spark's Python
+    processes import pyspark from this interpreter's installation rather than ``pyspark.zip``.
+
+    Spark puts ``$SPARK_HOME/python/lib/pyspark.zip`` first on the path of every Python process
+    it starts (each data source planner, stream runner and task worker daemon), and Python
+    compiles what it imports from a zip afresh every time: 1.3 s against 0.4 s from the
+    installation's cached bytecode, on two cores, for each of the seven or more processes a
+    query's start and first batch need. So ``SPARK_HOME`` becomes a folder of links to the pip
+    installation's ``bin``, ``jars`` and the rest, without its ``python`` folder: the JVM is the
+    same, and the processes import the same pyspark files, compiled once. Only when nothing else
+    decides: ``SPARK_HOME`` unset, no JVM started yet (``spark-submit`` starts its own), and the
+    workers' Python this interpreter (``PYSPARK_PYTHON``).
+    """
+    if "SPARK_HOME" in os.environ or "PYSPARK_GATEWAY_PORT" in os.environ:
+        return
+    if os.path.realpath(os.environ.get("PYSPARK_PYTHON", sys.executable)) != os.path.realpath(sys.executable):
+        return
+    import pyspark
+
+    home = Path(pyspark.__file__).parent
+    if not (home / "python" / "lib" / "pyspark.zip").exists() or not (home / "bin" / "spark-submit").exists():
+        return
+    key = hashlib.sha256(f"{home} {pyspark.__version__}".encode()).hexdigest()[:16]
+    mirror = Path(tempfile.gettempdir()) / f"oncekit-spark-home-{os.getuid()}" / key
+    if not mirror.exists():
+        mirror.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=mirror.parent))
+        for entry in home.iterdir():
+            if entry.name != "python":
+                (staging / entry.name).symlink_to(entry)
+        try:
+            staging.rename(mirror)
+        except OSError:  # another process made it first
+            shutil.rmtree(staging)
+    os.environ["SPARK_HOME"] = str(mirror)
