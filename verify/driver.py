@@ -159,7 +159,7 @@ class DriverProcess:
 
     def ensure_running(self, timeout_s: float = 180.0) -> None:
         """Start the driver if it is not running; the first time, wait until its query started
-        (a standby's: until it has warmed up)."""
+        (a standby's: not at all)."""
         if self.process is not None and self.process.poll() is None:
             return
         first = self.process is None
@@ -169,8 +169,7 @@ class DriverProcess:
         self.launched = time.time()
         self.process = start_driver(self.pipeline, self.ctx, self.crash_dir, log=self.log, env=self.env,
                                     standby=self.standby)
-        if first and self.standby:
-            self.wait_step("warm", timeout_s)
+        if self.standby:  # the caller waits for its warm-up (wait_step("warm")) when it needs it
             return
         started = Path(self.ctx.checkpoint + ".started")
         deadline = time.monotonic() + timeout_s

@@ -30,10 +30,10 @@ def output_values(kafka: KafkaConfig, topic: str, expected: int) -> list[int]:
     return [int(v) for v in read_committed(kafka, topic, expected, timeout_s=60)]
 
 
-CHUNK = 2_000
+CHUNK = 1_000
 PROGRESS_S = 120.0
 """Every step's input is committed within this many seconds, else the campaign stalled."""
-LEASE_EXPIRY_S = 20.0
+LEASE_EXPIRY_S = 15.0
 
 
 def test_standby_campaign_ends_exactly_once_with_progress_after_every_fault(
@@ -72,18 +72,23 @@ def test_standby_campaign_ends_exactly_once_with_progress_after_every_fault(
 
     try:
         with KafkaOutput(kafka, out) as output:
+            # Each new standby warms up while the step after its start runs.
             active, standby = driver(False), driver(True)
             progress("the start", output)
+            standby.wait_step("warm", PROGRESS_S)
             standby.kill()
-            progress("kill -9 of the standby", output)
             standby = driver(True)
+            progress("kill -9 of the standby", output)
+            standby.wait_step("warm", PROGRESS_S)
             active.kill()
-            progress("kill -9 of the active driver (the standby took over)", output)
             active, standby = standby, driver(True)
+            progress("kill -9 of the active driver (the standby took over)", output)
+            standby.wait_step("warm", PROGRESS_S)
             active.kill()
             standby.kill()
             active, standby = driver(False), driver(True)  # a supervisor starts both again
             progress("kill -9 of the active driver and then of the standby", output)
+            standby.wait_step("warm", PROGRESS_S)
             active.pause()
             paused = time.monotonic()
             progress("the active driver paused past its lease's expiry (the standby took over)", output)
