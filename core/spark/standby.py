@@ -12,7 +12,9 @@ In a job of your own::
 What a warm-up starts (measured on two cores: a fresh session's first query spends 10-15 s on
 them): Spark starts one long-lived Python process per worker module the first time a session
 needs it (looking up, creating and planning a Python data source, creating its stream writer,
-committing a micro-batch, running tasks), each importing pyspark from ``pyspark.zip`` uncached.
+committing a micro-batch, running tasks), each importing pyspark and the kit (from
+``pyspark.zip``, compiled afresh, unless :func:`~oncekit.core.spark.session.use_installed_pyspark`
+applies).
 A streaming query from a source of the kit's own into a no-op sink, one micro-batch on a
 temporary checkpoint, starts all of them and imports the kit's connector modules in the task
 workers. Spark ends task workers idle for a minute, so the warm-up is repeated every
