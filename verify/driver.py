@@ -171,9 +171,13 @@ class DriverProcess:
                                     standby=self.standby)
         if self.standby:  # the caller waits for its warm-up (wait_step("warm")) when it needs it
             return
+        started = Path(self.ctx.checkpoint + ".started")
         deadline = time.monotonic() + timeout_s
-        if first:  # this process's own query step: an earlier driver's .started file may be there
-            self.wait_step("query", timeout_s)
+        while first and not started.exists():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise VerifyError(f"pipeline {self.pipeline}: the driver did not start its query "
+                                  f"(exit {self.process.poll()}); see {self.log}")
+            time.sleep(0.2)
         spark_log = SparkLog(self.ctx.checkpoint)
         while first and spark_log.latest_planned() is None and time.monotonic() < deadline:
             # The first trigger plans an empty batch 0 at the starting offsets; a crash point armed

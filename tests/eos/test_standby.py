@@ -55,7 +55,9 @@ def test_standby_campaign_ends_exactly_once_with_progress_after_every_fault(
         started = DriverProcess("kafka-transactional", ctx, str(crash_dir), tmp_path / f"driver{len(drivers)}.log", env,
                                 standby=standby)
         drivers.append(started)
-        started.ensure_running()  # an active driver's query holds the lease before a standby starts beside it
+        started.ensure_running()
+        if not standby:  # its query holds the lease before a standby is started beside it
+            started.wait_step("query", PROGRESS_S)
         return started
 
     def progress(after: str, output: KafkaOutput) -> None:
