@@ -51,8 +51,6 @@ EXPIRES_S = _expiry_s()
 standby on another host waits after the active driver stopped renewing. Every driver and standby
 of a query must have the same."""
 RENEW_S = min(10.0, EXPIRES_S / 4)
-REMOTE_POLL_S = 1.0
-"""How often a standby looks at a lease held from another host."""
 
 _PROCESS = uuid.uuid4().hex  # this process, across pid reuse
 
@@ -124,9 +122,7 @@ def wait_free(checkpoints: Sequence[str], poll_s: float = 0.05, announce: Callab
               every: tuple[float, Callable[[], Any]] | None = None) -> None:
     """A standby driver, warmed up: return once no live driver holds any of ``checkpoints``'
     leases (at once when the holder's process is gone from this host, else when its lease
-    lapses). It looks every ``poll_s`` while a holder is on this host, else every
-    :data:`REMOTE_POLL_S` (only the expiry frees that lease: faster looks would only cost reads
-    of remote checkpoint storage). ``announce`` hears who holds them while it waits; ``every`` = (seconds, call):
+    lapses). ``announce`` hears who holds them while it waits; ``every`` = (seconds, call):
     ``call`` runs that often while it waits (:func:`oncekit.core.spark.standby.stand_by`'s warm-up)."""
     told: set[tuple[str, str]] = set()
     last = time.monotonic()
@@ -142,5 +138,4 @@ def wait_free(checkpoints: Sequence[str], poll_s: float = 0.05, announce: Callab
         if every is not None and time.monotonic() - last >= every[0]:
             every[1]()
             last = time.monotonic()
-        here = socket.gethostname()
-        time.sleep(poll_s if any(holder.host == here for _, holder in held) else REMOTE_POLL_S)
+        time.sleep(poll_s)

@@ -17,7 +17,6 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 CONNECT_MAX_BACKOFF_MS = 2_000
@@ -96,11 +95,11 @@ def use_installed_pyspark() -> None:
     query's start and first batch need. So ``SPARK_HOME`` becomes a folder of links to the pip
     installation's ``bin``, ``jars`` and the rest, without its ``python`` folder: the JVM is the
     same, and the processes import the same pyspark files, compiled once. Only when nothing else
-    decides: ``SPARK_HOME`` unset, no JVM started yet (by ``spark-submit`` or this process), and
-    the workers' Python this interpreter (``PYSPARK_PYTHON``).
+    decides: ``SPARK_HOME`` unset, no JVM started yet (``spark-submit`` starts its own), and the
+    workers' Python this interpreter (``PYSPARK_PYTHON``).
     """
-    if "SPARK_HOME" in os.environ or "PYSPARK_GATEWAY_PORT" in os.environ or SparkContext._active_spark_context:
-        return  # the user's Spark, spark-submit's JVM, or a JVM this process started already
+    if "SPARK_HOME" in os.environ or "PYSPARK_GATEWAY_PORT" in os.environ:
+        return
     if os.path.realpath(os.environ.get("PYSPARK_PYTHON", sys.executable)) != os.path.realpath(sys.executable):
         return
     import pyspark

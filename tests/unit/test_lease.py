@@ -75,9 +75,8 @@ def test_a_standby_waits_until_the_lease_is_void(tmp_path: Path) -> None:
 
 
 def test_a_waiting_standby_warms_up_again_while_it_waits(tmp_path: Path) -> None:
-    calls: list[float] = []  # a live holder on this host: looked at every poll
-    _write(tmp_path, host=socket.gethostname(), pid=os.getpid(), process="x", renewed_at=time.time() - EXPIRES_S + 0.5,
-           run="active")
+    calls: list[float] = []
+    _write(tmp_path, host="other-host", pid=1, process="x", renewed_at=time.time() - EXPIRES_S + 0.5, run="active")
     wait_free([str(tmp_path)], every=(0.1, lambda: calls.append(time.monotonic())))
     assert len(calls) >= 2
 
