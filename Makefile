@@ -53,7 +53,8 @@ pytest: install
 
 # Quix Streams, a peer in the benchmarks (the bench extra), runs in a venv of its own: it pins
 # confluent-kafka below the version the kit's sinks need. Spark's Kafka connector, another peer,
-# comes from Maven Central for the installed pyspark's version.
+# comes from Maven Central for the installed pyspark's version; Kafka Streams and Flink, two more,
+# are built with Maven from benchmarks/jvm/.
 QUIX_VENV  := .oncekit/quix-venv
 QUIX_STAMP := $(QUIX_VENV)/.installed-stamp
 BENCH_EXTRA = $(PY) -c 'import sys; toml = __import__("tomllib" if sys.version_info >= (3, 11) else "tomli"); \
@@ -61,6 +62,8 @@ BENCH_EXTRA = $(PY) -c 'import sys; toml = __import__("tomllib" if sys.version_i
 
 bench: install broker engine $(QUIX_STAMP)
 	docker/spark-kafka/fetch.sh "$$($(PY) -c 'import pyspark; print(pyspark.__version__)')" >/dev/null
+	benchmarks/jvm/build.sh kafka-streams
+	benchmarks/jvm/build.sh flink
 	. .oncekit/engine.env && $(PY) -m benchmarks --quix-python $(QUIX_VENV)/bin/python $(BENCH_ARGS)
 
 $(QUIX_STAMP): pyproject.toml | install
@@ -70,4 +73,4 @@ $(QUIX_STAMP): pyproject.toml | install
 	touch $@
 
 clean:
-	rm -rf $(VENV) .oncekit build *.egg-info docker/kafka/target docker/kafka-tools/target
+	rm -rf $(VENV) .oncekit build *.egg-info docker/kafka/target docker/kafka-tools/target benchmarks/jvm/*/target

@@ -5,11 +5,14 @@ the same run, on the same broker, topics and database, one case after the other:
 1. source: the kit's Kafka source vs Spark's JVM Kafka source, into the noop sink; a raw
    confluent-kafka consume loop as the ceiling.
 2. kafka: the kit's transactional, write-ahead-log and at-least-once sinks vs Spark's Kafka sink,
-   all fed by the kit's source; Quix Streams exactly-once and at-least-once copying the same topic.
+   all fed by the kit's source; Quix Streams and Kafka Streams (exactly-once and at-least-once)
+   and Flink (exactly-once) copying the same topic. Throughput groups also give the cores a case
+   used and its records/s per core.
 3. postgres: the kit's two-phase-commit, write-ahead-log, idempotent and at-least-once sinks vs a
    hand-written foreachBatch COPY.
 4. latency: produce-to-visible p50/p99 at a fixed input rate, kit source and transactional sink
-   vs Spark's JVM source and sink.
+   on three triggers vs Spark's JVM source and sink, Kafka Streams exactly_once_v2 and Flink
+   exactly-once with 100 ms checkpoints.
 5. reference: the reference pipeline's sustained events/s (availableNow) and its produce-to-visible
    latency at a fixed rate, each run checked line by line as ``oncekit demo`` checks its report.
 6. state: RocksDB changelog checkpointing (the kit's default) vs a state snapshot per batch
@@ -24,7 +27,8 @@ or check prints FAILED instead. Each table ends with ratios kit / peer.
 
 Modules: ``environment`` (options, services, the Spark session with Spark's Kafka connector,
 the inputs), ``data`` (producing input, reading outputs back), ``peers`` (the pipelines the kit
-is measured against), ``cases`` (groups 1-3), ``latency`` (group 4), ``reference`` (group 5), ``state`` (group 6),
+is measured against), ``jvm`` (Kafka Streams and Flink, Java programs in benchmarks/jvm/),
+``cpu`` (the CPU a case used), ``cases`` (groups 1-3), ``latency`` (group 4), ``reference`` (group 5), ``state`` (group 6),
 ``recovery`` (group 7),
 ``table`` (rows, checks, ratios).
 """

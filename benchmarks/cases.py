@@ -3,7 +3,7 @@ query start to termination, and is read back before its figure counts.
 
 1. source: the kit's source and Spark's JVM source into Spark's noop sink; a raw consume loop.
 2. kafka: the kit's three Kafka sinks and Spark's Kafka sink, all fed by the kit's source; Quix
-   Streams copying the same topic.
+   Streams, Kafka Streams and Flink copying the same topic.
 3. postgres: the kit's four PostgreSQL protocols and a hand-written foreachBatch COPY, into a plain
    table and into one keyed like the idempotent sink's, all fed by the kit's source.
 """
@@ -18,8 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from benchmarks import data, peers
+from benchmarks import cpu, data, jvm, peers
 from benchmarks.environment import Bench
+from benchmarks.peers import Timed
 from benchmarks.table import Check, Ratio, Row, Table
 from oncekit.connectors.kafka import create_topic
 from oncekit.core.spark.query import start_query
@@ -32,25 +33,21 @@ if TYPE_CHECKING:
 
     from oncekit.core.protocol import SinkConfig
 
-THROUGHPUT = ("seconds", "records/s")
-
-
-@dataclass(frozen=True)
-class Timed:
-    """What a case returns when it timed itself (a pipeline in another process, whose start-up
-    and imports are not the pipeline's time)."""
-
-    seconds: float
+THROUGHPUT = ("seconds", "records/s", "cores used", "per core")
+"""``cores used``: CPU seconds of the pipeline's processes (benchmarks/cpu.py) over the run's wall
+seconds; ``per core``: records per CPU second, what a core of the pipeline copies."""
 
 
 @dataclass(frozen=True)
 class Case:
     """``run`` takes the input and the output's name (a topic or table made for this case), and
-    returns what the group's check needs besides the output."""
+    returns what the group's check needs besides the output, or a :class:`Timed`. A case of
+    ``own_process`` runs in a process that ends with it, so a warm-up run gives it nothing."""
 
     name: str
     run: Callable[[data.Input, str], Any]
     keyed: bool = False
+    own_process: bool = False
 
 
 @dataclass(frozen=True)
@@ -79,16 +76,22 @@ def measure(group: Group, case: Case, source: data.Input, round_: int = 0) -> Ro
     print(f"  {case.name} ({source.tag}, {source.records:,} records)", file=sys.stderr, flush=True)
     try:
         group.prepare(case, output)
-        started = time.perf_counter()
+        used, started = cpu.cpu_seconds(), time.perf_counter()
         result = case.run(source, output)
-        seconds = result.seconds if isinstance(result, Timed) else time.perf_counter() - started
+        wall, used = time.perf_counter() - started, cpu.cpu_seconds() - used
+        seconds = result.seconds if isinstance(result, Timed) else wall
         check = group.check(source, output, result)
     except Exception as exc:  # one case failing leaves the others to run
         return Row.failed(case.name, failure(exc))
     if not check.ok:
         return Row.failed(case.name, str(check))
     print(f"    {seconds:.1f} s", file=sys.stderr, flush=True)  # every round's figure, to see the spread
-    return Row(case.name, {"seconds": seconds, "records/s": source.records / seconds}, str(check))
+    read_back = str(check)
+    if isinstance(result, Timed) and result.from_first_record:
+        read_back += (f"; from its first record read: {result.from_first_record:.1f} s, "
+                      f"{source.records / result.from_first_record:,.0f} records/s")
+    return Row(case.name, {"seconds": seconds, "records/s": source.records / seconds, "cores used": used / wall,
+                           "per core": source.records / used}, read_back)
 
 
 def run_group(bench: Bench, group: Group) -> Table:
@@ -103,11 +106,14 @@ def run_group(bench: Bench, group: Group) -> Table:
     rounds = bench.options.rounds
     notes = [*group.notes, f"Each figure is the fastest of {rounds} rounds; a round runs every case in turn, each "
              "right after a warm-up run of it." if rounds > 1 else "One round, each case right after a warm-up run of it."]
-    table = Table(f"{group.title}: {bench.options.describe()}", THROUGHPUT, ("records/s",),
+    notes.append("cores used: CPU seconds of the pipeline's processes (Spark's JVM and Python workers, or the peer's "
+                 "own process from its start) over the run's wall seconds; the services are not counted. per core: "
+                 "records per CPU second.")
+    table = Table(f"{group.title}: {bench.options.describe()}", THROUGHPUT, ("records/s", "per core"),
                   "records/s; above 1 the kit is faster", ratios=group.ratios, notes=notes)
 
     def warm_then_measure(case: Case, round_: int) -> Row:
-        if bench.warmup is not None:
+        if bench.warmup is not None and not case.own_process:
             measure(group, case, bench.warmup, round_)
         return measure(group, case, bench.measured, round_)
 
@@ -160,22 +166,41 @@ def kafka_group(bench: Bench) -> Table:
             kit_stream(bench, source).select("key", "value"), kafka_sink(bench.servers, output, protocol)))
 
     def quix(guarantee: str) -> Case:
-        return Case(f"Quix Streams {guarantee}", lambda source, output: Timed(peers.quix_copy(
-            bench.options.quix_python, bench.servers, source.topic, output, source.records, guarantee)))
+        return Case(f"Quix Streams {guarantee}", lambda source, output: peers.quix_copy(
+            bench.options.quix_python, bench.servers, source.topic, output, source.records, guarantee),
+            own_process=True)
+
+    def on_jvm(peer: jvm.JvmPeer, guarantee: str, interval_ms: int, name: str) -> Case:
+        return Case(name, lambda source, output: peer.copy(bench.servers, source.topic, output, source.records,
+                                                           guarantee, interval_ms, bench.options.partitions),
+                    own_process=True)
 
     spark = "Spark Kafka sink (at-least-once)"
-    cases = [kit("transactional"), kit("write-ahead-log"), kit("at-least-once"),
+    transactional, at_least_once = kit("transactional"), kit("at-least-once")
+    streams_eos = on_jvm(jvm.KAFKA_STREAMS, "exactly_once_v2", 100, "Kafka Streams exactly_once_v2")
+    streams_eos_1s = on_jvm(jvm.KAFKA_STREAMS, "exactly_once_v2", 1000, "Kafka Streams exactly_once_v2, commit 1 s")
+    streams_alos = on_jvm(jvm.KAFKA_STREAMS, "at_least_once", 30_000, "Kafka Streams at_least_once")
+    flink_eos = on_jvm(jvm.FLINK, "exactly-once", 1000, "Flink exactly-once, checkpoints 1 s")
+    cases = [transactional, kit("write-ahead-log"), at_least_once,
              Case(spark, lambda source, output: peers.run_available(
                  peers.spark_kafka_sink(kit_stream(bench, source), bench.servers, output))),
-             quix("exactly-once"), quix("at-least-once")]
+             quix("exactly-once"), quix("at-least-once"), streams_eos, streams_eos_1s, streams_alos, flink_eos]
     return run_group(bench, Group(
         "2. Kafka sinks", cases,
         prepare=lambda case, output: create_topic(bench.kafka, output, partitions=bench.options.partitions),
         check=lambda source, output, _: data.read_topic(bench.kafka, output, source.records),
-        ratios=[*(Ratio(c.name, spark) for c in cases[:3]), Ratio(cases[0].name, cases[4].name),
-                Ratio(cases[2].name, cases[5].name)],
+        ratios=[*(Ratio(c.name, spark) for c in cases[:3]), Ratio(transactional.name, cases[4].name),
+                Ratio(at_least_once.name, cases[5].name),
+                *(Ratio(transactional.name, c.name) for c in (streams_eos, streams_eos_1s, flink_eos)),
+                Ratio(at_least_once.name, streams_alos.name)],
         notes=[f"Spark's sink and the kit's sinks are fed by the kit's source; Quix Streams copies the same topic "
-               f"with its own consumer, in a process of {bench.options.quix_python}. {bench.connector.describe()}."],
+               f"with its own consumer, in a process of {bench.options.quix_python}. {bench.connector.describe()}.",
+               f"{jvm.describe()}, with as many stream threads or as much parallelism as the input has "
+               "partitions. Kafka Streams commits every 100 ms (its exactly-once default), every 1 s, and at "
+               "at_least_once every 30 s (its default); Flink commits its Kafka transactions on checkpoints. "
+               "Their seconds run from the start of their streams or job to the end of the copy, committed; "
+               "Flink's include its MiniCluster's start, and its read-back column gives its figure without it. "
+               "Quix Streams and the JVM peers run in a process that ends with them, so they get no warm-up run."],
     ))
 
 

@@ -1,6 +1,7 @@
-"""4. Latency: input produced at a fixed rate with its produce time in each record, a query on a
-1 s processingTime trigger, and a read_committed consumer that measures, per record, the time
-from its produce to its visibility in the output topic.
+"""4. Latency: input produced at a fixed rate with its produce time in each record, a pipeline
+copying it (the kit on three triggers, Spark's own connectors, Kafka Streams and Flink), and a
+read_committed consumer that measures, per record, the time from its produce to its visibility
+in the output topic.
 
 Each pair gets its own input and output topics (the input is live, so pairs cannot share it)
 made by the same producer at the same rate.
@@ -11,10 +12,11 @@ from __future__ import annotations
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
-from benchmarks import data, peers
+from benchmarks import data, jvm, peers
 from benchmarks.cases import failure, slug
 from benchmarks.environment import Bench
 from benchmarks.table import Ratio, Row, Table
@@ -23,47 +25,68 @@ from oncekit.core.spark.query import start_query
 from oncekit.sinks.kafka import kafka_sink
 from oncekit.sources.kafka import kafka_stream
 
-TRIGGER = "1 second"
 COLUMNS = ("records", "p50 ms", "p99 ms")
 PHASES = ("latestOffset", "queryPlanning", "walCommit", "addBatch", "commitOffsets", "triggerExecution")
 """Spark's own timing of a trigger (``durationMs`` of the query's progress), averaged per pair
 over the batches that read input, and its slowest triggers (what the p99 sees): where a pair's
 batch time goes, beside its latency."""
 
-# A pair starts its query from (bench, input topic, output topic, checkpoint); the query has stop().
-Start = Callable[[Bench, str, str, str], Any]
+# A pair runs its pipeline from (bench, input topic, output topic, checkpoint) while its context
+# is open, and gives a Spark query (whose progress says where a batch's time goes) or None.
+Start = Callable[[Bench, str, str, str], AbstractContextManager[Any]]
 
 
-def start_kit(bench: Bench, source: str, output: str, checkpoint: str) -> Any:
-    return start_query(kafka_stream(bench.spark, bench.servers, source).select("key", "value"),
-                       kafka_sink(bench.servers, output, "transactional"), checkpoint,
-                       trigger={"processingTime": TRIGGER})
+@contextmanager
+def stopping(query: Any) -> Iterator[Any]:
+    try:
+        yield query
+    finally:
+        query.stop()
 
 
-def start_spark(bench: Bench, source: str, output: str, checkpoint: str) -> Any:
+def kit(trigger: str | None) -> Start:
+    """The kit's source into its transactional sink on a processingTime ``trigger`` (None: Spark's
+    default, each batch as soon as the last one ends)."""
+    def start(bench: Bench, source: str, output: str, checkpoint: str) -> AbstractContextManager[Any]:
+        return stopping(start_query(kafka_stream(bench.spark, bench.servers, source).select("key", "value"),
+                                    kafka_sink(bench.servers, output, "transactional"), checkpoint,
+                                    trigger={"processingTime": trigger} if trigger else None))
+    return start
+
+
+def spark(bench: Bench, source: str, output: str, checkpoint: str) -> AbstractContextManager[Any]:
     frame = peers.spark_kafka_stream(bench.spark, bench.servers, source)
-    return (peers.spark_kafka_sink(frame, bench.servers, output).option("checkpointLocation", checkpoint)
-            .trigger(processingTime=TRIGGER).start())
+    return stopping(peers.spark_kafka_sink(frame, bench.servers, output).option("checkpointLocation", checkpoint)
+                    .trigger(processingTime="1 second").start())
+
+
+def on_jvm(peer: jvm.JvmPeer, guarantee: str, interval_ms: int) -> Start:
+    def start(bench: Bench, source: str, output: str, checkpoint: str) -> AbstractContextManager[Any]:
+        running: AbstractContextManager[None] = peer.running(bench.servers, source, output, guarantee, interval_ms,
+                                                             bench.options.partitions)
+        return running
+    return start
 
 
 WARM_UP_S = 2.0
 
 
-def warm_up(bench: Bench, source: str, query: Any, timeout_s: float = 120.0) -> int:
+def warm_up(bench: Bench, source: str, output: str, query: Any, timeout_s: float = 120.0) -> int:
     """Start-up is not latency: run input at the measured rate for :data:`WARM_UP_S` and wait
-    until the query has read all of it, so that the measured records meet a query whose first
-    batches (Python workers and the kit's clients; Spark's JVM consumers and producer) are
-    behind it. Returns how many progress reports the warm-up took."""
+    until all of it is visible in ``output``, so that the measured records meet a pipeline whose
+    first batches (Python workers and the kit's clients; JVM consumers and producers) are behind
+    it. Returns how many progress reports a Spark ``query`` had by then (0 for another peer)."""
     options = bench.options
     data.produce_at_rate(bench.kafka, source, options.rate, WARM_UP_S, options.record_bytes, options.partitions)
-    expected, deadline = int(options.rate * WARM_UP_S), time.monotonic() + timeout_s
-    while sum(int(p["numInputRows"]) for p in query.recentProgress) < expected:
-        if not query.isActive:
-            query.awaitTermination()  # raises the query's error
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the query did not read its {expected:,} warm-up records in {timeout_s:.0f} s")
-        time.sleep(0.2)
-    return len(query.recentProgress)
+    expected, seen, deadline = int(options.rate * WARM_UP_S), 0, time.monotonic() + timeout_s
+    with data.committed_reader(bench.kafka, output) as (consumer, _):
+        while seen < expected:
+            if query is not None and not query.isActive:
+                query.awaitTermination()  # raises the query's error
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{output}: {seen:,} of {expected:,} warm-up records visible after {timeout_s:.0f} s")
+            seen += len(data.records(consumer.consume(10_000, timeout=0.2)))
+    return len(query.recentProgress) if query is not None else 0
 
 
 def percentile(ordered: list[float], fraction: float) -> float:
@@ -90,18 +113,15 @@ def measure(bench: Bench, name: str, start: Start, breakdown: list[str]) -> Row:
     try:
         for topic in (source, output):
             create_topic(bench.kafka, topic, partitions=options.partitions)
-        with tempfile.TemporaryDirectory() as checkpoint:
-            query = start(bench, source, output, checkpoint)
-            try:
-                warmed = warm_up(bench, source, query)
-                reader.start()
-                reader.ready.wait(60)
-                data.produce_at_rate(bench.kafka, source, options.rate, options.latency_s, options.record_bytes,
-                                     options.partitions)
-                reader.join(options.latency_s + 120)
+        with tempfile.TemporaryDirectory() as checkpoint, start(bench, source, output, checkpoint) as query:
+            warmed = warm_up(bench, source, output, query)
+            reader.start()
+            reader.ready.wait(60)
+            data.produce_at_rate(bench.kafka, source, options.rate, options.latency_s, options.record_bytes,
+                                 options.partitions)
+            reader.join(options.latency_s + 120)
+            if query is not None:
                 breakdown.append(f"{name}: {phases(list(query.recentProgress)[warmed:])}.")
-            finally:
-                query.stop()
         check = reader.check()
     except Exception as exc:  # the other pair still runs
         return Row.failed(name, failure(exc))
@@ -114,14 +134,23 @@ def measure(bench: Bench, name: str, start: Start, breakdown: list[str]) -> Row:
 
 def latency_group(bench: Bench) -> Table:
     options = bench.options
-    kit, spark = "kit source -> kit transactional sink", "Spark JVM source -> Spark Kafka sink"
+    kit_1s, kit_100ms, kit_asap = ("kit transactional, trigger 1 s", "kit transactional, trigger 100 ms",
+                                   "kit transactional, default trigger")
+    spark_1s = "Spark JVM source -> Spark Kafka sink (at-least-once), trigger 1 s"
+    streams, flink = "Kafka Streams exactly_once_v2, commit 100 ms", "Flink exactly-once, checkpoints 100 ms"
+    pairs: list[tuple[str, Start]] = [
+        (kit_1s, kit("1 second")), (kit_100ms, kit("100 milliseconds")), (kit_asap, kit(None)), (spark_1s, spark),
+        (streams, on_jvm(jvm.KAFKA_STREAMS, "exactly_once_v2", 100)),
+        (flink, on_jvm(jvm.FLINK, "exactly-once", 100))]
     print("4. Latency", file=sys.stderr, flush=True)
     table = Table(
         f"4. Latency, produce to visible: {options.rate:,} records/s for {options.latency_s:.0f} s, "
-        f"{options.record_bytes} bytes, {options.partitions} partitions, processingTime {TRIGGER}",
-        COLUMNS, COLUMNS[1:], "latency; below 1 the kit is faster", ratios=[Ratio(kit, spark)],
-        notes=[f"A read_committed consumer reads the output. {bench.connector.describe()}."])
+        f"{options.record_bytes} bytes, {options.partitions} partitions",
+        COLUMNS, COLUMNS[1:], "latency; below 1 the kit is faster",
+        ratios=[Ratio(kit_1s, spark_1s), Ratio(kit_100ms, streams), Ratio(kit_asap, streams), Ratio(kit_100ms, flink)],
+        notes=[f"A read_committed consumer reads the output. {bench.connector.describe()}. {jvm.describe()}. "
+               "Kafka Streams runs at its exactly-once defaults (a commit every 100 ms)."])
     breakdown: list[str] = []
-    table.rows += [measure(bench, kit, start_kit, breakdown), measure(bench, spark, start_spark, breakdown)]
+    table.rows += [measure(bench, name, start, breakdown) for name, start in pairs]
     table.notes += ["Where a batch's time goes (Spark's progress durationMs):", *(f"- {line}" for line in breakdown)]
     return table

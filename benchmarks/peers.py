@@ -5,6 +5,8 @@
   CSV, one connection per task: at-least-once.
 - Quix Streams copying one topic into another, exactly-once or at-least-once, in its own process
   (benchmarks/quix.py; a missing install fails its row only).
+- Kafka Streams and Flink copying one topic into another, each in a JVM of its own
+  (benchmarks/jvm.py).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import subprocess
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,6 +24,16 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming.readwriter import DataStreamWriter
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Timed:
+    """What a case returns when it timed itself (a pipeline in a process of its own, whose
+    start-up and imports are not the pipeline's time): its seconds, and (Flink) the seconds from
+    its first record read to its end, without its engine's and its job's start-up."""
+
+    seconds: float
+    from_first_record: float | None = None
 
 
 def spark_kafka_stream(spark: SparkSession, servers: str, topic: str, per_batch: int | None = None) -> DataFrame:
@@ -74,7 +87,7 @@ def foreach_batch_copy(frame: DataFrame, dsn: str, table: str) -> DataStreamWrit
     return frame.writeStream.foreachBatch(write)
 
 
-def quix_copy(python: str, servers: str, source: str, target: str, records: int, guarantee: str) -> float:
+def quix_copy(python: str, servers: str, source: str, target: str, records: int, guarantee: str) -> Timed:
     """Quix Streams copies ``records`` records from ``source`` to ``target`` (which exists) with
     ``guarantee`` ("exactly-once" or "at-least-once"), in a process of ``python`` (an interpreter
     with quixstreams); the seconds the copy took in that process."""
@@ -85,4 +98,4 @@ def quix_copy(python: str, servers: str, source: str, target: str, records: int,
     if ran.returncode:
         lines = ran.stderr.strip().splitlines()
         raise RuntimeError(f"Quix Streams ({python}) failed: {lines[-1] if lines else ran.returncode}")
-    return float(ran.stdout.strip().splitlines()[-1])
+    return Timed(float(ran.stdout.strip().splitlines()[-1]))
