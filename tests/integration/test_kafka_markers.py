@@ -83,3 +83,23 @@ def test_markers_kept_in_consumer_groups_are_carried_over(kafka: KafkaConfig, tm
     assert sink.markers.latest(1, "test", settle_s=30) == BatchMarker(8, 0, "0-y")
     assert sink.recorded_owner() == SinkOwner("q", "/c")
     assert str(MarkerTopic(sink.sink_id)) == sink.markers.topic
+
+
+def test_marker_waits_for_room_when_the_records_filled_the_producers_queue(kafka: KafkaConfig, tmp_path: Path) -> None:
+    """A task's records can fill librdkafka's local queue (1,000,000 messages in the sinks'
+    producers): the batch marker after them waits for deliveries to make room. make bench's
+    fan-out group found it failing instead: every task of 1,000,000 records raised BufferError
+    at its marker, in every retry, so the batch could never commit and the query stopped."""
+    sink = new_sink(kafka, tmp_path)
+    sink.preflight()
+    sink.markers.ensure_writer(0)
+    create_topic(kafka, sink.config.topic, partitions=1)
+    producer = Producer(kafka.settings(transactional_id=f"test-{uuid.uuid4()}", queue_buffering_max_messages=10,
+                                       linger_ms=200))
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    for i in range(10):  # the queue is full, and lingers 200 ms before it sends
+        producer.produce(sink.config.topic, b"record", str(i).encode())
+    sink.markers.produce(producer, 0, BatchMarker(1, 10, "10-x"))
+    producer.commit_transaction(30)
+    assert sink.markers.latest(0, "test", settle_s=30) == BatchMarker(1, 10, "10-x")
