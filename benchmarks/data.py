@@ -19,7 +19,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer
 
 from benchmarks.table import Check
 from oncekit.connectors import KafkaConfig
-from oncekit.connectors.kafka import create_topic
+from oncekit.connectors.kafka import create_topic, produce_when_room
 from oncekit.connectors.postgres import connect
 
 COLUMNS = "id bigint NOT NULL, account int NOT NULL, amount bigint NOT NULL, note text NOT NULL"
@@ -41,12 +41,7 @@ def value(i: int, amount: int, size: int) -> bytes:
 
 
 def _send(producer: Any, topic: str, i: int, amount: int, size: int, partitions: int) -> None:
-    while True:
-        try:
-            producer.produce(topic, value=value(i, amount, size), key=str(i).encode(), partition=i % partitions)
-            return
-        except BufferError:  # librdkafka's queue is full: let it drain
-            producer.poll(0.05)
+    produce_when_room(producer, topic, value=value(i, amount, size), key=str(i).encode(), partition=i % partitions)
 
 
 def produce(kafka: KafkaConfig, tag: str, records: int, size: int, partitions: int) -> Input:

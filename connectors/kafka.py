@@ -131,6 +131,19 @@ that failed (:meth:`ClientPool.borrowed`), so the next attempt connects afresh; 
 waits twice as long as the one before (:func:`attempt_timeout`)."""
 
 
+def produce_when_room(producer: Producer, *args: Any, **kwargs: Any) -> None:
+    """``producer.produce(*args, **kwargs)``, waiting while librdkafka's local queue is full:
+    each wait serves delivery reports for 50 ms. The queue drains by deliveries or, with the
+    broker away, by their timeout (``delivery.timeout.ms``), so the wait ends. Every producer of
+    the kit sends through this when a send can meet a full queue."""
+    while True:
+        try:
+            producer.produce(*args, **kwargs)
+            return
+        except BufferError:
+            producer.poll(0.05)
+
+
 def attempt_timeout(attempt: int, deadline: float | None = None) -> float:
     """The timeout of try number ``attempt`` (from 0) of a request asked again on new clients:
     :data:`ATTEMPT_S`, doubled at each try, so that a new client on a loaded machine, which can

@@ -78,16 +78,13 @@ def produce(kafka: KafkaConfig, topic: str, workload: Workload, rate: float | No
     returns how many records were sent."""
     from confluent_kafka import Producer
 
+    from oncekit.connectors.kafka import produce_when_room
+
     producer = Producer(kafka.settings(linger_ms=20, enable_idempotence=True))
     started = time.monotonic()
     sent = 0
     for event in events(workload):
-        while True:
-            try:
-                producer.produce(topic, key=event.key, value=event.value)
-                break
-            except BufferError:
-                producer.poll(0.05)
+        produce_when_room(producer, topic, key=event.key, value=event.value)
         sent += 1
         if rate:
             ahead = sent / rate - (time.monotonic() - started)

@@ -13,7 +13,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer
 from psycopg import sql
 
 from oncekit.connectors import KafkaConfig, postgres
-from oncekit.connectors.kafka import client_log, create_topic
+from oncekit.connectors.kafka import client_log, create_topic, produce_when_room
 from oncekit.connectors.postgres import connect
 from oncekit.core.names import MarkerTopic
 from oncekit.sinks.postgres._common import CHECKPOINT_TABLE, MARKER_TABLE
@@ -56,11 +56,7 @@ def produce_input(kafka: KafkaConfig, topic: str, count: int = COUNT, partitions
     for batch, commit in ((records, True), (aborted, False)):
         producer.begin_transaction()
         for value, partition, timestamp in batch:
-            try:
-                producer.produce(topic, value=value, partition=partition, timestamp=timestamp or 0)
-            except BufferError:  # librdkafka's queue is full: let deliveries drain it, then send
-                producer.flush(30)
-                producer.produce(topic, value=value, partition=partition, timestamp=timestamp or 0)
+            produce_when_room(producer, topic, value=value, partition=partition, timestamp=timestamp or 0)
         if commit:
             producer.commit_transaction(30)
         else:

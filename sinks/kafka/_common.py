@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from oncekit.connectors.kafka import CLIENTS, broker_settings, check_access, client_log, create_topic
+from oncekit.connectors.kafka import CLIENTS, broker_settings, check_access, client_log, create_topic, produce_when_room
 from oncekit.core.crash import crash_point
 from oncekit.core.deadline import bounded
 from oncekit.core.errors import ConfigError, OncekitError, RecordError, StallError, UnsettledMarkerError
@@ -291,21 +291,16 @@ class KafkaSinkBase:
                 return
             except BufferError:  # the local queue is full: let deliveries drain it, then go on
                 row = len(values) - operator.length_hint(remaining_values) - 1
-                while True:
-                    producer.poll(0.05)
-                    try:
-                        send(topic, values[row], keys[row])
-                        break
-                    except BufferError:
-                        continue
+                produce_when_room(producer, topic, values[row], keys[row])
             except KafkaException as exc:
                 if exc.args[0].fatal():  # a fenced transactional producer: commit_with_fencing's to handle
                     raise
                 row = len(values) - operator.length_hint(remaining_values) - 1
                 if exc.args[0].code() != KafkaError.MSG_SIZE_TOO_LARGE or not self.config.dead_letter_topic:
                     raise RecordError(f"{where}: row {first_row + row}: {exc.args[0].str()}") from exc
-                producer.produce(self.config.dead_letter_topic, key=keys[row], value=(values[row] or b"")[:1024],
-                                 headers={"oncekit.error": f"{where}: row {first_row + row}: too large"})
+                produce_when_room(producer, self.config.dead_letter_topic, key=keys[row],
+                                  value=(values[row] or b"")[:1024],
+                                  headers={"oncekit.error": f"{where}: row {first_row + row}: too large"})
 
     def publish(self, producer: SinkProducer, records: RecordStream, writer: int, batch_id: int,
                 where: str, marker_of: Callable[[int, str], BatchMarker | None]) -> int:

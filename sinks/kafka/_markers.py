@@ -42,7 +42,7 @@ from typing import Any
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewPartitions, NewTopic  # type: ignore[attr-defined]
 
-from oncekit.connectors.kafka import CLIENTS, RETRIABLE, KafkaConfig, attempt_timeout, client_log
+from oncekit.connectors.kafka import CLIENTS, RETRIABLE, KafkaConfig, attempt_timeout, client_log, produce_when_room
 from oncekit.connectors.wait import wait_until
 from oncekit.core.deadline import bounded
 from oncekit.core.errors import ConfigError, NonDeterministicReplayError, ReplayError, ServiceError, UnsettledMarkerError
@@ -263,17 +263,17 @@ class MarkerLog:
             raise ServiceError(f"{found} of {count} partitions in the metadata")
 
     def produce(self, producer: Producer, writer: int, marker: BatchMarker) -> None:
-        """Inside the caller's open transaction: ``writer``'s marker (after :meth:`ensure_writer`).
-        A producer that has not seen the partition yet (the topic grew since its last metadata)
-        refreshes its metadata once."""
+        """Inside the caller's open transaction: ``writer``'s marker (after :meth:`ensure_writer`),
+        queued once the producer's queue has room. A producer that has not seen the partition yet
+        (the topic grew since its last metadata) refreshes its metadata once."""
         partition = MarkerTopic.partition_of(writer)
-        try:
-            producer.produce(self.topic, marker.to_bytes(), _MARKER_KEY, partition=partition)
+        try:  # the task's records may have filled the producer's queue: wait for room
+            produce_when_room(producer, self.topic, marker.to_bytes(), _MARKER_KEY, partition=partition)
         except KafkaException as exc:
             if exc.args[0].code() != KafkaError._UNKNOWN_PARTITION:
                 raise
             producer.list_topics(self.topic, timeout=10)
-            producer.produce(self.topic, marker.to_bytes(), _MARKER_KEY, partition=partition)
+            produce_when_room(producer, self.topic, marker.to_bytes(), _MARKER_KEY, partition=partition)
 
     def latest(self, writer: int, where: str, settle_s: float = SETTLE_S) -> BatchMarker | None:
         """``writer``'s latest committed marker, None if it has none (after :meth:`ensure_writer`).
