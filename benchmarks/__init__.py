@@ -22,13 +22,17 @@ the same run, on the same broker, topics and database, one case after the other:
    of the new driver (process, session, query, sinks recovered, first batch planned and
    committed, caught up), median and maximum.
 
+8. fanout: one fan-out query writing every record to three targets (a topic, two tables) vs
+   three queries side by side, one per target: throughput and the largest Python worker's
+   resident memory.
+
 Every output is read back (count and distinct keys) before its figure is printed; a failed run
 or check prints FAILED instead. Each table ends with ratios kit / peer.
 
 Modules: ``environment`` (options, services, the Spark session with Spark's Kafka connector,
 the inputs), ``data`` (producing input, reading outputs back), ``peers`` (the pipelines the kit
 is measured against), ``jvm`` (Kafka Streams and Flink, Java programs in benchmarks/jvm/),
-``cpu`` (the CPU a case used), ``cases`` (groups 1-3), ``latency`` (group 4), ``reference`` (group 5), ``state`` (group 6),
+``usage`` (the CPU and memory a case used), ``cases`` (groups 1-3 and 8), ``latency`` (group 4), ``reference`` (group 5), ``state`` (group 6),
 ``recovery`` (group 7),
 ``table`` (rows, checks, ratios).
 """

@@ -6,10 +6,11 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 
-from benchmarks.cases import kafka_group, postgres_group, source_group
+from benchmarks.cases import fanout_group, kafka_group, postgres_group, source_group
 from benchmarks.environment import Bench, Options, bench
 from benchmarks.latency import latency_group
 from benchmarks.recovery import recovery_group
@@ -25,6 +26,7 @@ GROUPS: dict[str, Callable[[Bench], Table]] = {
     "reference": lambda b: reference_pipeline(b.services, b.options),
     "state": state_group,
     "recovery": recovery_group,
+    "fanout": fanout_group,
 }
 
 
@@ -46,7 +48,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{options.rounds} round{'s' if options.rounds > 1 else ''}.\n"
               f"# A shared machine is noisy: compare the rows of one run, not runs.", flush=True)
         for name in options.groups:
+            started = time.monotonic()
             print(GROUPS[name](b).render(), flush=True)
+            print(f"# group {name}: {time.monotonic() - started:.0f} s", flush=True)
     return 0
 
 

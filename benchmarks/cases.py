@@ -15,14 +15,16 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from benchmarks import cpu, data, jvm, peers
+from benchmarks import data, jvm, peers, usage
 from benchmarks.environment import Bench
 from benchmarks.peers import Timed
 from benchmarks.table import Check, Ratio, Row, Table
 from oncekit.connectors.kafka import create_topic
+from oncekit.core.fanout import fan_out
 from oncekit.core.spark.query import start_query
 from oncekit.sinks.kafka import kafka_sink
 from oncekit.sinks.postgres import postgres_sink
@@ -34,7 +36,8 @@ if TYPE_CHECKING:
     from oncekit.core.protocol import SinkConfig
 
 THROUGHPUT = ("seconds", "records/s", "cores used", "per core")
-"""``cores used``: CPU seconds of the pipeline's processes (benchmarks/cpu.py) over the run's wall
+PEAK_MB = "worker MB"
+"""``cores used``: CPU seconds of the pipeline's processes (benchmarks/usage.py) over the run's wall
 seconds; ``per core``: records per CPU second, what a core of the pipeline copies."""
 
 
@@ -58,6 +61,12 @@ class Group:
     prepare: Callable[[Case, str], None] = lambda case, output: None
     ratios: list[Ratio] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    memory: bool = False
+    """Also sample the largest Python worker's resident memory during each run (``peak worker MB``)."""
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return (*THROUGHPUT, PEAK_MB) if self.memory else THROUGHPUT
 
 
 def slug(name: str) -> str:
@@ -76,9 +85,10 @@ def measure(group: Group, case: Case, source: data.Input, round_: int = 0) -> Ro
     print(f"  {case.name} ({source.tag}, {source.records:,} records)", file=sys.stderr, flush=True)
     try:
         group.prepare(case, output)
-        used, started = cpu.cpu_seconds(), time.perf_counter()
-        result = case.run(source, output)
-        wall, used = time.perf_counter() - started, cpu.cpu_seconds() - used
+        with usage.PeakWorkerMemory() if group.memory else nullcontext() as memory:
+            used, started = usage.cpu_seconds(), time.perf_counter()
+            result = case.run(source, output)
+            wall, used = time.perf_counter() - started, usage.cpu_seconds() - used
         seconds = result.seconds if isinstance(result, Timed) else wall
         check = group.check(source, output, result)
     except Exception as exc:  # one case failing leaves the others to run
@@ -90,8 +100,11 @@ def measure(group: Group, case: Case, source: data.Input, round_: int = 0) -> Ro
     if isinstance(result, Timed) and result.from_first_record:
         read_back += (f"; from its first record read: {result.from_first_record:.1f} s, "
                       f"{source.records / result.from_first_record:,.0f} records/s")
-    return Row(case.name, {"seconds": seconds, "records/s": source.records / seconds, "cores used": used / wall,
-                           "per core": source.records / used}, read_back)
+    figures = {"seconds": seconds, "records/s": source.records / seconds, "cores used": used / wall,
+               "per core": source.records / used}
+    if memory is not None:
+        figures[PEAK_MB] = memory.peak_mb
+    return Row(case.name, figures, read_back)
 
 
 def run_group(bench: Bench, group: Group) -> Table:
@@ -109,7 +122,9 @@ def run_group(bench: Bench, group: Group) -> Table:
     notes.append("cores used: CPU seconds of the pipeline's processes (Spark's JVM and Python workers, or the peer's "
                  "own process from its start) over the run's wall seconds; the services are not counted. per core: "
                  "records per CPU second.")
-    table = Table(f"{group.title}: {bench.options.describe()}", THROUGHPUT, ("records/s", "per core"),
+    if group.memory:
+        notes.append(f"{PEAK_MB}: the largest resident memory of one Spark Python worker, sampled every 0.1 s.")
+    table = Table(f"{group.title}: {bench.options.describe()}", group.columns, ("records/s", "per core"),
                   "records/s; above 1 the kit is faster", ratios=group.ratios, notes=notes)
 
     def warm_then_measure(case: Case, round_: int) -> Row:
@@ -133,15 +148,23 @@ def kit_stream(bench: Bench, source: data.Input) -> DataFrame:
 
 
 def kit_query(frame: DataFrame, sink: SinkConfig) -> None:
-    with tempfile.TemporaryDirectory() as checkpoint:
-        start_query(frame, sink, checkpoint, trigger={"availableNow": True}).await_termination()
+    kit_queries([(frame, sink)])
 
 
-def columns(frame: DataFrame) -> DataFrame:
-    """The input's CSV value as the PostgreSQL tables' columns."""
-    return (frame.selectExpr("split(CAST(value AS STRING), ',') AS f")
-            .selectExpr("CAST(f[0] AS BIGINT) AS id", "CAST(f[1] AS INT) AS account", "CAST(f[2] AS BIGINT) AS amount",
-                        "f[3] AS note"))
+def kit_queries(queries: list[tuple[DataFrame, SinkConfig]]) -> None:
+    """Each frame into its sink over all available input, the queries side by side in the session."""
+    with ExitStack() as checkpoints:
+        started = [start_query(frame, sink, checkpoints.enter_context(tempfile.TemporaryDirectory()),
+                               trigger={"availableNow": True}) for frame, sink in queries]
+        for query in started:
+            query.await_termination()
+
+
+def columns(frame: DataFrame, *keep: str) -> DataFrame:
+    """The input's CSV value as the PostgreSQL tables' columns, after the input's columns ``keep``."""
+    return (frame.selectExpr(*keep, "split(CAST(value AS STRING), ',') AS f")
+            .selectExpr(*keep, "CAST(f[0] AS BIGINT) AS id", "CAST(f[1] AS INT) AS account",
+                        "CAST(f[2] AS BIGINT) AS amount", "f[3] AS note"))
 
 
 def source_group(bench: Bench) -> Table:
@@ -231,3 +254,52 @@ def postgres_group(bench: Bench) -> Table:
                "sink needs a unique key, so its table has PRIMARY KEY (id); the keyed peer COPYs into a table with "
                "the same key, so the last ratio is what the kit adds and the one before it includes the key's index."],
     ))
+
+
+TARGETS = ("topic", "two_phase_commit", "write_ahead_log")
+
+
+def fanout_group(bench: Bench) -> Table:
+    """One fan-out query writing every record to three targets (a Kafka topic, transactional; two
+    tables, two-phase commit and write-ahead log) against three queries, each reading the input
+    and writing it to one of the same targets, side by side. A batch takes all the input, so a
+    task holds records / partitions of it."""
+    def frame(source: data.Input) -> DataFrame:
+        """Key and value for the topic, the parsed value for the tables; a batch takes all input."""
+        return columns(kafka_stream(bench.spark, bench.servers, source.topic), "key", "value")
+
+    topic, table = ("key", "value"), ("id", "account", "amount", "note")
+
+    def sinks(output: str) -> dict[str, SinkConfig]:
+        return {"topic": kafka_sink(bench.servers, f"{output}_topic", "transactional", columns=topic),
+                "two_phase_commit": postgres_sink(bench.dsn, f"{output}_two_phase_commit", "two-phase-commit",
+                                                  columns=table),
+                "write_ahead_log": postgres_sink(bench.dsn, f"{output}_write_ahead_log", "write-ahead-log",
+                                                 columns=table)}
+
+    def one_query(source: data.Input, output: str) -> None:
+        routed = frame(source).selectExpr("*", f"explode(array({', '.join(repr(t) for t in TARGETS)})) AS target")
+        kit_query(routed, fan_out(sinks(output)))
+
+    def a_query_each(source: data.Input, output: str) -> None:
+        kit_queries([(frame(source).select(*(topic if name == "topic" else table)), config)
+                     for name, config in sinks(output).items()])
+
+    def prepare(case: Case, output: str) -> None:
+        create_topic(bench.kafka, f"{output}_topic", partitions=bench.options.partitions)
+        for target in TARGETS[1:]:
+            data.fresh_table(bench.dsn, f"{output}_{target}", keyed=False)
+
+    def check(source: data.Input, output: str, _: Any) -> Check:
+        checks = [data.read_topic(bench.kafka, f"{output}_topic", source.records),
+                  *(data.read_table(bench.dsn, f"{output}_{target}", source.records) for target in TARGETS[1:])]
+        return Check(3 * source.records, sum(c.count for c in checks), sum(c.keys or 0 for c in checks))
+
+    fanned, each = Case("kit fan-out, one query, 3 targets", one_query), Case("kit, a query per target", a_query_each)
+    return run_group(bench, Group(
+        "8. Fan-out", [fanned, each], prepare=prepare, check=check, memory=True, ratios=[Ratio(fanned.name, each.name)],
+        notes=["Every input record goes to all three targets: a Kafka topic (transactional), a table by two-phase "
+               "commit and one by write-ahead log. records/s counts input records (each written three times). The "
+               "three queries run side by side in one session, each reading the whole input. A batch takes all the "
+               f"input (not {bench.options.per_batch:,}): a task holds {bench.options.records // bench.options.partitions:,} "
+               "records of it."]))

@@ -57,7 +57,8 @@ class ReplayError(OncekitError):
 
 class TaskInputCutError(OncekitError):
     """Spark stopped sending a task's input before its end (the task was killed, or what fed it
-    failed); the task commits nothing and Spark's retry or the query's restart replays it."""
+    failed), or a fan-out task ended a target's input because another target or the routing
+    failed; the task commits nothing and Spark's retry or the query's restart replays it."""
 
 
 class DataLossError(OncekitError):

@@ -6,9 +6,11 @@ reading its source and computing its state again. Here one stream writer takes e
 goes to the target its ``route_column`` names, with that target's columns. The commit sequence
 of batch N:
 
-1. Each task writes its partition to every target by that target's protocol (pre-commit for
-   two-phase commit, stage for the write-ahead log, commit with a marker for the task-commit
-   and idempotent protocols) and returns the committables of all targets.
+1. Each task routes its partition's Arrow batches to the targets as they stream in; every
+   target writes its part by its own protocol (pre-commit for two-phase commit, stage for the
+   write-ahead log, commit with a marker for the task-commit and idempotent protocols) in a
+   thread of its own, side by side with the others, and the task returns the committables of
+   all targets.
 2. The driver journals them in ONE journal entry (the fan-out's), before Spark logs batch N.
 3. Checkpoint-complete commits each target's committables by its own protocol, target after
    target; recovery commits or aborts per target as for a single sink.
@@ -23,7 +25,10 @@ import hashlib
 import importlib
 import json
 import logging
+import threading
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -31,7 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from oncekit.core.crash import crash_point
-from oncekit.core.errors import ConfigError
+from oncekit.core.errors import ConfigError, TaskInputCutError
 from oncekit.core.protocol import Committable, DeliveryGuarantee, Sink, SinkConfig, SinkOwner, TaskInfo
 
 logger = logging.getLogger(__name__)
@@ -130,23 +135,47 @@ class FanOutSink(Sink):
             sink.preflight(resumed)
 
     def write_partition(self, task: TaskInfo, batches: Iterator[pa.RecordBatch]) -> list[Committable]:
-        """Task: split the partition by route (in Arrow) and write each part by its target's
-        protocol; a route value that names no target fails the task before anything is written."""
-        held = [batch for batch in batches if batch.num_rows]
-        routes = pa.concat_arrays([b.column(b.schema.get_field_index(self.config.route_column)) for b in held]) \
-            if held else pa.array([], pa.string())
+        """Task: route each Arrow batch of the partition to its targets as it arrives; every
+        target writes its part by its own protocol in a thread of its own, side by side, fed
+        through a :class:`_Feed` of at most :data:`QUEUED` batches, so the task holds a few
+        batches per target rather than its partition. A route value that names no target, an
+        input error or a failing target ends every target's input with that error, so each one
+        aborts what it had written (a protocol commits or pre-commits only at the end of its
+        input) and the task raises the first error."""
+        where = f"{FORMAT} sink {self.sink_id} batch {task.batch_id} partition {task.partition_id}"
+        feeds = {route: _Feed(where, route) for route in self.targets}
+        with ThreadPoolExecutor(len(self.targets), thread_name_prefix="oncekit-fanout") as pool:
+            writers = {route: pool.submit(sink.write_partition,
+                                          TaskInfo(sink.sink_id, task.batch_id, task.partition_id, task.attempt),
+                                          iter(feeds[route]))
+                       for route, sink in self.targets.items()}
+            for route, writer in writers.items():
+                writer.add_done_callback(feeds[route].writer_ended)
+            try:
+                for batch in batches:
+                    if batch.num_rows:
+                        self._route(batch, feeds, where)
+                    failed = next((w for w in writers.values() if w.done() and w.exception() is not None), None)
+                    if failed is not None:
+                        raise failed.exception()  # type: ignore[misc]
+            except BaseException as exc:
+                for feed in feeds.values():
+                    feed.end(exc)
+                raise
+            for feed in feeds.values():
+                feed.end()
+            return [c for writer in writers.values() for c in writer.result()]
+
+    def _route(self, batch: pa.RecordBatch, feeds: Mapping[str, _Feed], where: str) -> None:
+        routes = batch.column(batch.schema.get_field_index(self.config.route_column))
         unknown = pc.unique(pc.filter(routes, pc.invert(pc.is_in(routes, pa.array(list(self.targets)))))).to_pylist()
         if unknown or routes.null_count:
-            raise ConfigError(f"{FORMAT} sink {self.sink_id} batch {task.batch_id} partition {task.partition_id}: "
-                              f"rows routed to {unknown or [None]} by column {self.config.route_column}, which names "
-                              f"no target; targets are {', '.join(self.targets)}")
-        committables: list[Committable] = []
-        for route, sink in self.targets.items():
-            columns = list(self.config.target_columns(route))
-            parts = (b.filter(pc.equal(b.column(self.config.route_column), route)).select(columns) for b in held)
-            target_task = TaskInfo(sink.sink_id, task.batch_id, task.partition_id, task.attempt)
-            committables.extend(sink.write_partition(target_task, (p for p in parts if p.num_rows)))
-        return committables
+            raise ConfigError(f"{where}: rows routed to {unknown or [None]} by column {self.config.route_column}, "
+                              f"which names no target; targets are {', '.join(self.targets)}")
+        for route, feed in feeds.items():
+            part = batch.filter(pc.equal(routes, route)).select(list(self.config.target_columns(route)))
+            if part.num_rows:
+                feed.put(part)
 
     def _by_target(self, committables: Sequence[Committable]) -> Iterator[tuple[Sink, list[Committable]]]:
         for sink in self.targets.values():
@@ -180,6 +209,61 @@ class FanOutSink(Sink):
     def close(self) -> None:
         for sink in self.targets.values():
             sink.close()
+
+
+QUEUED = 4
+"""Arrow batches waiting per target of a fan-out task: enough to keep a target's writer busy while
+the task routes the next batch, few enough that a task holds batches, not its partition."""
+
+
+class _Feed:
+    """One target's input in a fan-out task: batches from the task's thread to the target's
+    writer thread, in order, at most :data:`QUEUED` at a time."""
+
+    def __init__(self, where: str, route: str) -> None:
+        self.where, self.route = where, route
+        self._batches: deque[pa.RecordBatch] = deque()
+        self._changed = threading.Condition()
+        self._ended = self._writer_ended = False
+        self._failed: BaseException | None = None
+
+    def put(self, batch: pa.RecordBatch) -> None:
+        """Task thread: hand ``batch`` over, waiting while :data:`QUEUED` are pending; dropped
+        if the writer has ended (its result says why)."""
+        with self._changed:
+            while len(self._batches) >= QUEUED and not self._writer_ended:
+                self._changed.wait()  # the writer takes one, or ends (writer_ended notifies)
+            if not self._writer_ended:
+                self._batches.append(batch)
+                self._changed.notify_all()
+
+    def end(self, failed: BaseException | None = None) -> None:
+        """Task thread: no more input; with ``failed``, the target's input raises at once."""
+        with self._changed:
+            self._ended, self._failed = True, failed
+            self._changed.notify_all()
+
+    def writer_ended(self, _: Any) -> None:
+        """The writer's future is done (returned or raised): nothing more is queued for it."""
+        with self._changed:
+            self._writer_ended = True
+            self._batches.clear()
+            self._changed.notify_all()
+
+    def __iter__(self) -> Iterator[pa.RecordBatch]:
+        """Writer thread: the batches, in order, until the input ends."""
+        while True:
+            with self._changed:
+                while not self._batches and not self._ended:
+                    self._changed.wait()  # the task puts a batch or ends the input (both notify)
+                if self._failed is not None:
+                    raise TaskInputCutError(f"{self.where}: target {self.route} stopped: "
+                                        f"{type(self._failed).__name__}: {self._failed}") from self._failed
+                if not self._batches:
+                    return
+                batch = self._batches.popleft()
+                self._changed.notify_all()
+            yield batch
 
 
 def describe(config: FanOutConfig) -> dict[str, Any]:
