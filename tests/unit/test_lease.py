@@ -7,11 +7,12 @@ import os
 import socket
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from oncekit.core.engine import owner_in_use
-from oncekit.core.errors import CommitError, ConfigError
+from oncekit.core.errors import CommitError, ConfigError, LeaseLostError
 from oncekit.core.lease import EXPIRES_S, EXPIRY_ENV, LEASE, QueryLease, _expiry_s, require_held, wait_free
 from oncekit.core.protocol import SinkOwner
 
@@ -88,3 +89,28 @@ def test_the_lease_expiry_comes_from_the_environment_and_a_bad_one_is_refused(mo
         monkeypatch.setenv(EXPIRY_ENV, bad)
         with pytest.raises(ConfigError, match=f"{EXPIRY_ENV}='{bad}'"):
             _expiry_s()
+
+
+def test_a_query_that_spark_failed_after_another_driver_took_its_lease_raises_lease_lost(tmp_path: Path) -> None:
+    """Found by the standby campaign in a clean-clone run: the active driver, paused past its
+    lease's expiry and resumed, had Spark fail its query (CONCURRENT_STREAM_LOG_UPDATE: the
+    standby had taken over and written the next batch) before its watchdog looked at the lease.
+    The driver then saw Spark's error, not LeaseLostError, and its restart strategy started the
+    query again and again, refused each time, for minutes, instead of stopping at once."""
+    from oncekit.core.spark.query import BatchWatchdog, OncekitQuery
+
+    class FailedBySpark:
+        isActive = False
+
+        def awaitTermination(self, timeout: float) -> bool:
+            raise RuntimeError("[CONCURRENT_STREAM_LOG_UPDATE] Concurrent update to the log")
+
+        def exception(self) -> None:
+            return None
+
+    QueryLease(str(tmp_path)).renew("the-standby's-run")  # the standby took the lease over
+    query: Any = FailedBySpark()
+    watchdog = BatchWatchdog(query, str(tmp_path), "q", timeout_s=60.0, run="this-driver's-run")
+    with pytest.raises(LeaseLostError, match=r"query q: its lease is held by another driver") as raised:
+        OncekitQuery(query, sink=None, checkpoint=str(tmp_path), watchdog=watchdog).await_termination()  # type: ignore[arg-type]
+    assert "CONCURRENT_STREAM_LOG_UPDATE" in str(raised.value.__cause__)
