@@ -191,13 +191,36 @@ class BatchWatchdog:
                 return
 
     def _lost(self, holder: str) -> None:
-        self.stall = LeaseLostError(f"query {self.name}: its lease is held by another driver ({holder}); this driver "
-                                    f"lost it (paused for more than {EXPIRES_S:.0f} s?) and stops its query")
+        self.stall = self._lease_lost(holder)
         logger.error("%s", self.stall)
         try:
             bounded(f"query {self.name}: stop after losing its lease", STOP_S, self.query.stop)
         except Exception as exc:  # noqa: BLE001 - the writer refuses to journal meanwhile (require_held)
             logger.warning("query %s: stop after losing its lease: %s", self.name, exc)
+
+    def _lease_lost(self, holder: str) -> LeaseLostError:
+        return LeaseLostError(f"query {self.name}: its lease is held by another driver ({holder}); this driver "
+                              f"lost it (paused for more than {EXPIRES_S:.0f} s?) and stops its query")
+
+    def lost_lease(self) -> LeaseLostError | None:
+        """Called by :meth:`OncekitQuery.await_termination` when Spark failed the query: whether
+        another driver's run holds the lease. A driver resumed after a pause past the lease's
+        expiry can have Spark fail its query (its next log write meets the new driver's:
+        CONCURRENT_STREAM_LOG_UPDATE) before this watchdog looks; that failure is then this
+        LeaseLostError, which no restart mends, not Spark's error, which a restart strategy
+        would retry against a checkpoint that runs elsewhere."""
+        if isinstance(self.stall, LeaseLostError):
+            return self.stall
+        try:
+            holder = QueryLease(self.checkpoint).holder()
+        except Exception as exc:  # noqa: BLE001 - storage unreachable: Spark's error stands
+            logger.debug("query %s: could not read its lease: %s", self.name, exc)
+            return None
+        if holder is not None and holder.run and holder.run != self.run:
+            self.stall = self._lease_lost(holder.describe())
+            logger.error("%s", self.stall)
+            return self.stall
+        return None
 
     def _stalled(self, batch: int, waited: float, message: str) -> None:
         logger.error("%s; stopping the query for its restart strategy. Where the driver's processes wait:\n%s",
@@ -333,8 +356,9 @@ class OncekitQuery:
         self._stopped()
 
     def await_termination(self, timeout: float | None = None) -> bool:
-        """Like StreamingQuery.awaitTermination; raises the query's error if it failed, and
-        StallError if the watchdog ended it (QueryStuckError if it would not end)."""
+        """Like StreamingQuery.awaitTermination; raises the query's error if it failed (as
+        LeaseLostError if another driver holds the query's lease by then), and StallError if the
+        watchdog ended it (QueryStuckError if it would not end)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             # Spark refuses a timeout under 1 ms ("Timeout has to be positive"), failing the query.
@@ -343,6 +367,9 @@ class OncekitQuery:
                 finished = self.query.awaitTermination(wait)  # type: ignore[arg-type]  # pyspark takes float seconds
             except Exception as exc:
                 _refuse_missing_install(self.sink, exc)
+                lost = self.watchdog.lost_lease() if self.watchdog is not None else None
+                if lost is not None:
+                    raise lost from exc
                 raise
             stall = self.watchdog.stall if self.watchdog is not None else None
             if isinstance(stall, QueryStuckError):
