@@ -128,8 +128,8 @@ def warm_up(spark: SparkSession) -> float:
     kafka_stream(spark, "warm-up.invalid:9092", "warm-up")  # analyzed only: the source's schema needs no broker
     spark.dataSource.register(WarmUpDataSource)
     with tempfile.TemporaryDirectory(prefix="oncekit-warm-up-") as checkpoint:
-        query = (spark.readStream.format(WARM_UP_FORMAT).load().writeStream.format(WARM_UP_FORMAT).option("checkpointLocation", checkpoint)
-                 .trigger(availableNow=True).start())
+        query = (spark.readStream.format(WARM_UP_FORMAT).load().writeStream.format(WARM_UP_FORMAT)
+                 .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
         try:
             bounded("standby: the warm-up query", WARM_UP_TIMEOUT_S, query.awaitTermination)
         finally:
