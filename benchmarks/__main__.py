@@ -39,8 +39,10 @@ def installed(package: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     options = Options.parse(argv)
+    began = time.monotonic()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     with bench(options) as b:
+        print(f"# set-up (services, input, Spark session): {time.monotonic() - began:.0f} s", flush=True)
         print(f"# oncekit benchmarks: {options.describe()}; Spark {b.spark.sparkContext.master} on "
               f"{os.cpu_count()} cores; services: {b.services.backend}; pyspark {installed('pyspark')}, "
               f"confluent-kafka {installed('confluent-kafka')}; "
@@ -51,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
             started = time.monotonic()
             print(GROUPS[name](b).render(), flush=True)
             print(f"# group {name}: {time.monotonic() - started:.0f} s", flush=True)
+    print(f"# all: {time.monotonic() - began:.0f} s", flush=True)
     return 0
 
 

@@ -6,9 +6,10 @@ the pipelines below), input produced at ``--rate`` records a second throughout. 
 is committing, the driver's process group is killed and a new driver started at once, as a
 supervisor with no restart delay would; ``--kills`` times. With a standby, a second driver
 process (:func:`oncekit.core.spark.standby.stand_by`) is started and warmed up before each kill,
-takes over, and the next standby starts once it has caught up. Every step is read afterwards from
-what the processes leave: the driver's timeline (:class:`~oncekit.verify.driver.Timeline`), the
-kit's journal and Spark's offset and commit logs. Seconds from the kill:
+takes over, and, when another kill follows, the next standby starts once it has caught up. Every
+step is read afterwards from what the processes leave: the driver's timeline
+(:class:`~oncekit.verify.driver.Timeline`), the kit's journal and Spark's offset and commit logs.
+Seconds from the kill:
 
 - process: the new driver's Python runs its main (imports done);
 - session: Spark's session is up (its JVM started);
@@ -30,6 +31,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -127,8 +129,9 @@ class Case:
                                    f"see {self.log}")
             time.sleep(0.1)
 
-    def kill_and_restart(self) -> dict[str, float]:
-        """Kill -9 the driver, start the next one at once, and return the seconds of each step."""
+    def kill_and_restart(self, again: bool) -> dict[str, float]:
+        """Kill -9 the driver, start the next one at once, and return the seconds of each step;
+        with a standby, a new standby warms up when another kill follows (``again``)."""
         killed_at_end = input_end(self.bench, self.source)
         before = self.spark_log.latest_completed()
         killed = time.time()
@@ -147,7 +150,7 @@ class Case:
                 break
             last = newest
         steps = self._steps(killed, covering)
-        if self.with_standby:
+        if self.with_standby and again:
             self.standby = self._start_standby()
         return steps
 
@@ -190,9 +193,9 @@ def measure(bench: Bench, name: str, pipeline: str, env: dict[str, str], kills: 
         restarts: list[dict[str, float]] = []
         try:
             latest = case.wait_committed(-1)
-            for _ in range(kills):
+            for kill in range(1, kills + 1):
                 latest = case.wait_committed(latest + STEADY_BATCHES - 1)
-                restarts.append(case.kill_and_restart())
+                restarts.append(case.kill_and_restart(again=kill < kills))
                 latest = case.spark_log.latest_completed() or 0
         except Exception as exc:
             return [Row.failed(f"{name} median", failure(exc))]
@@ -201,11 +204,18 @@ def measure(bench: Bench, name: str, pipeline: str, env: dict[str, str], kills: 
             case.close()
             producer.join(60)
     rows = []
-    for label, figure in (("median", statistics.median), ("max", max)):
+    for label, figure in labelled(kills):
         figures = {step: figure([r[step] for r in restarts if step in r]) for step in STEPS
                    if any(step in r for r in restarts)}
-        rows.append(Row(f"{name} {label}", figures, f"{len(restarts)} restarts"))
+        rows.append(Row(f"{name}{label}", figures, f"{len(restarts)} restart{'s' if len(restarts) > 1 else ''}"))
     return rows
+
+
+def labelled(kills: int) -> list[tuple[str, Callable[[list[float]], float]]]:
+    """The rows of a case: its one restart, or the median and maximum of its restarts."""
+    if kills == 1:
+        return [("", statistics.median)]
+    return [(" median", statistics.median), (" max", max)]
 
 
 def recovery_group(bench: Bench) -> Table:
@@ -216,11 +226,10 @@ def recovery_group(bench: Bench) -> Table:
         f"7. Recovery after kill -9 of the driver: {options.rate:,} records/s, {options.partitions} partitions, "
         f"processingTime 1 second, {options.kills} kills each; seconds from the kill",
         STEPS, ("committed", "caught up"), "recovery time; below 1 the kit recovers faster",
-        ratios=[Ratio(f"{kit} median", f"{peer} median"), Ratio(f"{kit} max", f"{peer} max"),
-                Ratio(f"{standby} median", f"{peer} median"), Ratio(f"{standby} max", f"{peer} max")],
+        ratios=[Ratio(f"{case}{label}", f"{peer}{label}") for case in (kit, standby) for label, _ in labelled(options.kills)],
         notes=["A new driver process starts right after each kill (local[2,4], the driver's Spark session and "
-               "query from nothing); with a standby, the warmed-up standby takes over and the next standby starts "
-               "once it has caught up. " + bench.connector.describe() + ". Steps: see benchmarks/recovery.py."])
+               "query from nothing); with a standby, the warmed-up standby takes over and, when another kill follows, "
+               "the next standby starts once it has caught up. " + bench.connector.describe() + ". Steps: see benchmarks/recovery.py."])
     jars = {"PYSPARK_SUBMIT_ARGS": f"--jars {','.join(bench.connector.jars)} pyspark-shell"}
     table.rows += measure(bench, kit, "benchmarks.recovery:kit_pipeline", {}, options.kills)
     table.rows += measure(bench, standby, "benchmarks.recovery:kit_pipeline", {}, options.kills, standby=True)
