@@ -15,7 +15,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from contextlib import ExitStack, nullcontext
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -85,10 +85,10 @@ def measure(group: Group, case: Case, source: data.Input, round_: int = 0) -> Ro
     print(f"  {case.name} ({source.tag}, {source.records:,} records)", file=sys.stderr, flush=True)
     try:
         group.prepare(case, output)
-        with usage.PeakWorkerMemory() if group.memory else nullcontext() as memory:
-            used, started = usage.cpu_seconds(), time.perf_counter()
+        with usage.Usage(memory=group.memory) as used:
+            started = time.perf_counter()
             result = case.run(source, output)
-            wall, used = time.perf_counter() - started, usage.cpu_seconds() - used
+            wall = time.perf_counter() - started
         seconds = result.seconds if isinstance(result, Timed) else wall
         check = group.check(source, output, result)
     except Exception as exc:  # one case failing leaves the others to run
@@ -100,10 +100,10 @@ def measure(group: Group, case: Case, source: data.Input, round_: int = 0) -> Ro
     if isinstance(result, Timed) and result.from_first_record:
         read_back += (f"; from its first record read: {result.from_first_record:.1f} s, "
                       f"{source.records / result.from_first_record:,.0f} records/s")
-    figures = {"seconds": seconds, "records/s": source.records / seconds, "cores used": used / wall,
-               "per core": source.records / used}
-    if memory is not None:
-        figures[PEAK_MB] = memory.peak_mb
+    figures = {"seconds": seconds, "records/s": source.records / seconds, "cores used": used.cpu_seconds / wall,
+               "per core": source.records / used.cpu_seconds}
+    if group.memory:
+        figures[PEAK_MB] = used.peak_worker_mb
     return Row(case.name, figures, read_back)
 
 
@@ -123,7 +123,7 @@ def run_group(bench: Bench, group: Group) -> Table:
                  "own process from its start) over the run's wall seconds; the services are not counted. per core: "
                  "records per CPU second.")
     if group.memory:
-        notes.append(f"{PEAK_MB}: the largest resident memory of one Spark Python worker, sampled every 0.1 s.")
+        notes.append(f"{PEAK_MB}: the largest resident memory of one Spark Python worker, sampled every 0.25 s.")
     table = Table(f"{group.title}: {bench.options.describe()}", group.columns, ("records/s", "per core"),
                   "records/s; above 1 the kit is faster", ratios=group.ratios, notes=notes)
 

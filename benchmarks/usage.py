@@ -17,25 +17,25 @@ TICKS = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
-def _stat(pid: str) -> tuple[int, int, int] | None:
-    """(parent, session, CPU ticks with those of its reaped children) of a process, or None if gone."""
+def _stat(pid: str) -> tuple[int, int, int, int] | None:
+    """(parent, session, start time, CPU ticks of its own) of a process, or None if gone."""
     try:
         with open(f"/proc/{pid}/stat") as stat:
             text = stat.read()
     except OSError:
         return None
-    # After the command's closing parenthesis: state, ppid, pgrp, session, ... utime (14th field),
-    # stime, cutime, cstime.
+    # After the command's closing parenthesis: state (field 3), ppid, pgrp, session, ... utime
+    # (field 14), stime, ..., starttime (field 22).
     fields = text[text.rindex(")") + 2:].split()
-    return int(fields[1]), int(fields[3]), sum(int(f) for f in fields[11:15])
+    return int(fields[1]), int(fields[3]), int(fields[19]), int(fields[11]) + int(fields[12])
 
 
-def _tree() -> dict[int, tuple[int, int, int]]:
+def _tree() -> dict[int, tuple[int, int, int, int]]:
     """This process and its descendants in its session: pid -> its :func:`_stat`."""
     root = os.getpid()
     stats = {int(pid): stat for pid in os.listdir("/proc") if pid.isdigit() and (stat := _stat(pid)) is not None}
     children: dict[int, list[int]] = defaultdict(list)
-    for pid, (parent, _, _) in stats.items():
+    for pid, (parent, *_) in stats.items():
         children[parent].append(pid)
     tree, todo = {}, [root]
     while todo:
@@ -45,17 +45,58 @@ def _tree() -> dict[int, tuple[int, int, int]]:
     return tree
 
 
-def cpu_seconds() -> float:
-    """User and system CPU seconds of this process and its descendants in its session, children
-    that ended and were waited for included (their parents' cutime and cstime): the difference of
-    two calls is the CPU used between them."""
-    return sum(ticks for _, _, ticks in _tree().values()) / TICKS
+class Usage(threading.Thread):
+    """While its ``with`` block runs, samples this process's tree every ``every_s``:
+    ``cpu_seconds`` is the CPU its processes used in the block, ``peak_worker_mb`` (with
+    ``memory``) the largest resident memory of one Python worker (a task holds its partition in
+    one).
+
+    CPU is counted per process, from its own ticks when first seen (or at the block's start) to
+    its last sample, so a process that ends or leaves the tree keeps what it used until then: a
+    single before-and-after sum lost a Spark Python worker's whole CPU when Spark ended it while
+    an unrelated case ran (Quix Streams' row once showed -0.0 cores used). A process that lives
+    less than ``every_s`` is missed; the pipelines' processes live the whole run."""
+
+    def __init__(self, memory: bool = False, every_s: float = 0.25) -> None:
+        super().__init__(name="usage", daemon=True)
+        self.memory, self.every_s = memory, every_s
+        self.peak_worker_mb = 0.0
+        self._first: dict[tuple[int, int], int] = {}
+        self._last: dict[tuple[int, int], int] = {}
+        self._done = threading.Event()
+
+    @property
+    def cpu_seconds(self) -> float:
+        return sum(ticks - self._first.get(key, 0) for key, ticks in self._last.items()) / TICKS
+
+    def _sample(self, first: bool = False) -> None:
+        tree = _tree()
+        for pid, (_, _, started, ticks) in tree.items():
+            if first:
+                self._first[(pid, started)] = ticks
+            self._last[(pid, started)] = ticks
+        if self.memory:
+            self.peak_worker_mb = max(self.peak_worker_mb, _python_worker_bytes(tree) / 2**20)
+
+    def run(self) -> None:
+        while not self._done.wait(self.every_s):
+            self._sample()
+
+    def __enter__(self) -> Usage:
+        self._sample(first=True)
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self.join()
+        self._sample()
 
 
-def _python_worker_bytes() -> int:
-    """The largest resident memory of one Python process below Spark's JVM (its workers, and the
-    per-query processes of Python data sources); 0 if there is none."""
-    tree, largest = _tree(), 0
+def _python_worker_bytes(tree: dict[int, tuple[int, int, int, int]]) -> int:
+    """The largest resident memory of one Python process of ``tree`` below Spark's JVM (its
+    workers, and the per-query processes of Python data sources); 0 if there is none."""
+    largest = 0
     for pid in tree:
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as cmd:
@@ -68,25 +109,3 @@ def _python_worker_bytes() -> int:
         if b"python" in os.path.basename(argv[0]) and any(b"pyspark" in arg for arg in argv[1:]):
             largest = max(largest, resident)
     return largest
-
-
-class PeakWorkerMemory(threading.Thread):
-    """While its ``with`` block runs, samples every ``every_s`` the resident memory of the largest
-    Python worker (a task holds its partition in one); ``peak_mb`` is the largest sample."""
-
-    def __init__(self, every_s: float = 0.1) -> None:
-        super().__init__(name="peak-worker-memory", daemon=True)
-        self.every_s, self.peak_mb = every_s, 0.0
-        self._done = threading.Event()
-
-    def run(self) -> None:
-        while not self._done.wait(self.every_s):
-            self.peak_mb = max(self.peak_mb, _python_worker_bytes() / 2**20)
-
-    def __enter__(self) -> PeakWorkerMemory:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._done.set()
-        self.join()
