@@ -12,7 +12,7 @@ import pytest
 
 from oncekit.connectors import KafkaConfig
 from oncekit.core.crash import POINTS, arm, fired
-from oncekit.core.spark.query import start_query
+from oncekit.core.spark.query import CheckpointListener, start_query
 from oncekit.sinks.postgres import postgres_sink
 from oncekit.verify import compare
 from tests.eos.pipeline import COUNT, PER_BATCH, integers, prepared_transactions, produce_input, run_available_now, table_ids
@@ -73,6 +73,32 @@ def test_postgres_two_phase_commit_same_keys_every_batch_never_waits_on_own_lock
     assert sorted(r[0] for r in rows) == list(range(10))
     assert all(int(payload) % 10 == key for key, payload in rows)
     assert prepared_transactions(postgres_dsn) == []
+
+
+def test_listener_delivers_every_batch_and_the_termination_to_the_sink(
+    spark: Any, kafka: KafkaConfig, postgres_dsn: str, topic: str, unique_name: str, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The checkpoint listener, which Spark calls through py4j with the Java events, hands the
+    engine each progress event's batch and the query's termination, and the write-ahead log
+    publishes from them: none of it is left for the caller's own commit after the wait."""
+    notified: list[tuple[str, int | None]] = []
+    deliver = CheckpointListener._notify
+    monkeypatch.setattr(CheckpointListener, "_notify",
+                        lambda self, query_id, up_to: (notified.append((query_id, up_to)), deliver(self, query_id, up_to)))
+    expected = produce_input(kafka, topic, COUNT)
+    create_table(postgres_dsn, unique_name, keyed=False)
+    sink = postgres_sink(postgres_dsn, unique_name, "write-ahead-log")
+    query = start_query(integers(spark, kafka, topic, PER_BATCH), sink, str(tmp_path / "checkpoint"),
+                        trigger={"availableNow": True})
+    assert query.await_termination(timeout=240)
+    query_id = str(query.id)
+    assert query.watcher is not None and query.watcher.terminated(query_id)
+    batches = [up_to for notified_id, up_to in notified if notified_id == query_id]
+    assert [b for b in batches if b is not None] == list(range(len(query.recentProgress)))
+    assert batches[-1] is None  # the termination
+    verdict = compare(expected, table_ids(postgres_dsn, unique_name))
+    assert verdict.exactly_once, verdict.summary()
 
 
 def test_postgres_bad_row_fails_query_with_named_error_and_commits_nothing_of_batch(
