@@ -226,10 +226,12 @@ def recovery_group(bench: Bench) -> Table:
         f"7. Recovery after kill -9 of the driver: {options.rate:,} records/s, {options.partitions} partitions, "
         f"processingTime 1 second, {options.kills} kills each; seconds from the kill",
         STEPS, ("committed", "caught up"), "recovery time; below 1 the kit recovers faster",
-        ratios=[Ratio(f"{case}{label}", f"{peer}{label}") for case in (kit, standby) for label, _ in labelled(options.kills)],
+        ratios=[Ratio(f"{case}{label}", f"{peer}{label}")
+                for case in (kit, standby) for label, _ in labelled(options.kills)],
         notes=["A new driver process starts right after each kill (local[2,4], the driver's Spark session and "
                "query from nothing); with a standby, the warmed-up standby takes over and, when another kill follows, "
-               "the next standby starts once it has caught up. " + bench.connector.describe() + ". Steps: see benchmarks/recovery.py."])
+               "the next standby starts once it has caught up. " + bench.connector.describe()
+               + ". Steps: see benchmarks/recovery.py."])
     jars = {"PYSPARK_SUBMIT_ARGS": f"--jars {','.join(bench.connector.jars)} pyspark-shell"}
     table.rows += measure(bench, kit, "benchmarks.recovery:kit_pipeline", {}, options.kills)
     table.rows += measure(bench, standby, "benchmarks.recovery:kit_pipeline", {}, options.kills, standby=True)

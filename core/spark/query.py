@@ -182,9 +182,9 @@ class BatchWatchdog:
                 if not self.query.isActive:
                     return
                 if time.monotonic() - renewed >= RENEW_S:
-                    holder = lease.holder()
-                    if holder is not None and holder.run and holder.run != self.run:
-                        self._lost(holder.describe())
+                    taken_by = self._taken_by(lease)
+                    if taken_by is not None:
+                        self._lost(taken_by)
                         return
                     lease.renew(self.run)
                     renewed = time.monotonic()
@@ -217,6 +217,13 @@ class BatchWatchdog:
         except Exception as exc:  # noqa: BLE001 - the writer refuses to journal meanwhile (require_held)
             logger.warning("query %s: stop after losing its lease: %s", self.name, exc)
 
+    def _taken_by(self, lease: QueryLease) -> str | None:
+        """Who holds the lease, if another driver's run does; None while this run holds it."""
+        holder = lease.holder()
+        if holder is not None and holder.run and holder.run != self.run:
+            return holder.describe()
+        return None
+
     def _lease_lost(self, holder: str) -> LeaseLostError:
         return LeaseLostError(f"query {self.name}: its lease is held by another driver ({holder}); this driver "
                               f"lost it (paused for more than {EXPIRES_S:.0f} s?) and stops its query")
@@ -231,15 +238,15 @@ class BatchWatchdog:
         if isinstance(self.stall, LeaseLostError):
             return self.stall
         try:
-            holder = QueryLease(self.checkpoint).holder()
+            taken_by = self._taken_by(QueryLease(self.checkpoint))
         except Exception as exc:  # noqa: BLE001 - storage unreachable: Spark's error stands
             logger.debug("query %s: could not read its lease: %s", self.name, exc)
             return None
-        if holder is not None and holder.run and holder.run != self.run:
-            self.stall = self._lease_lost(holder.describe())
-            logger.error("%s", self.stall)
-            return self.stall
-        return None
+        if taken_by is None:
+            return None
+        self.stall = self._lease_lost(taken_by)
+        logger.error("%s", self.stall)
+        return self.stall
 
     def _stalled(self, batch: int, waited: float, message: str) -> None:
         logger.error("%s; stopping the query for its restart strategy. Where the driver's processes wait:\n%s",

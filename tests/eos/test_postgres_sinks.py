@@ -84,8 +84,12 @@ def test_listener_delivers_every_batch_and_the_termination_to_the_sink(
     publishes from them: none of it is left for the caller's own commit after the wait."""
     notified: list[tuple[str, int | None]] = []
     deliver = CheckpointListener._notify
-    monkeypatch.setattr(CheckpointListener, "_notify",
-                        lambda self, query_id, up_to: (notified.append((query_id, up_to)), deliver(self, query_id, up_to)))
+
+    def recorded(self: CheckpointListener, query_id: str, up_to: int | None) -> None:
+        notified.append((query_id, up_to))
+        deliver(self, query_id, up_to)
+
+    monkeypatch.setattr(CheckpointListener, "_notify", recorded)
     expected = produce_input(kafka, topic, COUNT)
     create_table(postgres_dsn, unique_name, keyed=False)
     sink = postgres_sink(postgres_dsn, unique_name, "write-ahead-log")

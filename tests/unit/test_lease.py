@@ -112,5 +112,6 @@ def test_a_query_that_spark_failed_after_another_driver_took_its_lease_raises_le
     query: Any = FailedBySpark()
     watchdog = BatchWatchdog(query, str(tmp_path), "q", timeout_s=60.0, run="this-driver's-run")
     with pytest.raises(LeaseLostError, match=r"query q: its lease is held by another driver") as raised:
-        OncekitQuery(query, sink=None, checkpoint=str(tmp_path), watchdog=watchdog).await_termination()  # type: ignore[arg-type]
+        failed = OncekitQuery(query, sink=None, checkpoint=str(tmp_path), watchdog=watchdog)  # type: ignore[arg-type]
+        failed.await_termination()
     assert "CONCURRENT_STREAM_LOG_UPDATE" in str(raised.value.__cause__)
