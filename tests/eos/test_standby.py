@@ -16,10 +16,11 @@ import pytest
 
 from oncekit.connectors import KafkaConfig
 from oncekit.connectors.kafka import create_topic
+from oncekit.core.crash import arm, fired
 from oncekit.core.lease import EXPIRY_ENV, LEASE
 from oncekit.core.spark_log import SparkLog
 from oncekit.verify import PipelineContext, compare, start_example
-from oncekit.verify.driver import DriverProcess
+from oncekit.verify.driver import DriverProcess, Timeline
 from oncekit.verify.io import KafkaOutput
 from tests.eos.pipeline import COUNT, produce_input, read_committed
 
@@ -103,6 +104,54 @@ def test_standby_campaign_ends_exactly_once_with_progress_after_every_fault(
     finally:
         for running in drivers:
             running.kill()
+    verdict = compare(expected, output_values(kafka, out, len(expected)))
+    assert verdict.exactly_once, verdict.summary()
+
+
+def test_a_transient_query_failure_with_a_standby_waiting_restarts_in_place(
+    kafka: KafkaConfig, topic: str, tmp_path: Path, crash_dir: Path,
+) -> None:
+    """One task of the active driver dies once, and Spark does not retry it (``local[2]`` gives a
+    task one attempt), so the query fails: its restart strategy restarts it in place, the waiting
+    standby keeps waiting (the lease is kept through the restart), and the output is exactly once."""
+    out = f"{topic}-out"
+    create_topic(kafka, out, partitions=2)
+    ctx = PipelineContext(kafka.bootstrap_servers, topic, out, str(tmp_path / "checkpoint"),
+                          trigger={"processingTime": "1 second"}, max_offsets_per_trigger=500)
+    env = {EXPIRY_ENV: str(LEASE_EXPIRY_S), "SPARK_MASTER": "local[2]"}
+    active = DriverProcess("kafka-transactional", ctx, str(crash_dir), tmp_path / "active.log", env)
+    standby = DriverProcess("kafka-transactional", ctx, str(crash_dir), tmp_path / "standby.log", env, standby=True)
+    expected: list[int] = []
+
+    def progress(after: str, output: KafkaOutput) -> None:
+        expected.extend(produce_input(kafka, topic, CHUNK, first=len(expected)))
+        deadline = time.monotonic() + PROGRESS_S
+        while len(output.read()) < len(expected):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"stall after {after}: {len(output.read())} of {len(expected)} records committed "
+                                     f"after {PROGRESS_S:.0f} s; driver logs in {tmp_path}")
+            time.sleep(0.5)
+
+    try:
+        with KafkaOutput(kafka, out) as output:
+            active.ensure_running()
+            active.wait_step("query", PROGRESS_S)
+            standby.ensure_running()
+            standby.wait_step("warm", PROGRESS_S)
+            progress("the start", output)
+            arm(crash_dir, "task_before_write")
+            progress("a task's worker died once", output)
+            assert fired(crash_dir) == ["task_before_write"]
+            restarts = Path(ctx.checkpoint + ".restarts").read_text().splitlines()
+            assert len(restarts) == 1, f"the active driver restarted its query {len(restarts)} times: {restarts}"
+            assert active.process is not None and active.process.poll() is None, "the active driver ended"
+            took_over = [e for e in Timeline(ctx.checkpoint).read() if e["step"] == "takeover"]
+            assert not took_over, "the standby took over from a driver that only restarted its query"
+            progress("the restart in place", output)
+        active.stop()
+    finally:
+        active.kill()
+        standby.kill()
     verdict = compare(expected, output_values(kafka, out, len(expected)))
     assert verdict.exactly_once, verdict.summary()
 
