@@ -1,26 +1,34 @@
 """Which driver runs a query, kept in the query's checkpoint storage, so that any process on any
-host can tell: a savepoint is not taken from a running query's checkpoint, and a restored
-savepoint does not start beside the query it was taken from (both would write the same
-transaction names and abort each other's).
+host can tell: a savepoint is not taken from a running query's checkpoint, a restored savepoint
+does not start beside the query it was taken from, and a standby knows when to take over.
 
-``<checkpoint>/oncekit/lease``: ``{"host", "pid", "process", "renewed_at", "run"}`` (seconds
-since the epoch; ``run`` the query run's token, :class:`~oncekit.core.spark.writer.QueryRun`).
-Taken by :func:`~oncekit.core.spark.query.start_query` before the query starts, renewed every
-:data:`RENEW_S` by its batch watchdog, released when the query ends. A lease not renewed for
-:data:`EXPIRES_S` (``ONCEKIT_LEASE_EXPIRY_S``) is void (its driver died or lost the storage); one of a process that is gone
-from this host is void at once. A standby driver waits for a void lease (:func:`wait_free`).
-A driver that finds its lease taken by another run (it was paused past the expiry, and a
-standby took over) stops its query, and its stream writer refuses to journal a batch
-(:func:`require_held`). Clocks of the hosts are taken to agree within seconds, as Kafka and
-Spark themselves assume. The lease is advisory: two standbys that find it void at the same
-moment both take it, so run one standby per pipeline.
+``<checkpoint>/oncekit/lease``: ``{"host", "pid", "process", "renewed_at", "run", "boot"}``
+(seconds since the epoch; ``run`` the query run's token,
+:class:`~oncekit.core.spark.writer.QueryRun`; ``boot`` the kernel's boot id and the pid
+namespace, which tell whether ``pid`` can be looked up here). A driver process holds it through a
+:class:`LeaseKeeper` from its query's first start until the query has stopped for good: renewed
+every :data:`RENEW_S`, kept through the restart strategy's delays, so a query that fails and
+restarts in place keeps it and a standby keeps waiting. A lease not renewed for
+:data:`EXPIRES_S` (``ONCEKIT_LEASE_EXPIRY_S``) is void (its driver died, hung or lost the
+storage); one of a process that is gone from this machine and pid namespace is void at once. A
+standby waits for a void lease (:func:`wait_free`). A driver never overwrites another process's
+lease: finding one, it stops its query (LeaseLostError), and its stream writer refuses to
+journal a batch (:func:`require_held`).
+
+The lease decides who runs; it does not make two drivers safe. It is read, then written, so two
+standbys that find it void at the same moment both take it, and a driver paused past the expiry
+acts once more when it wakes. What keeps the output exactly-once then is fencing at the sinks
+(every run's epoch, refused by the target once a newer run took the sink). Clocks of the hosts
+are taken to agree within seconds, as Kafka and Spark themselves assume.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -29,6 +37,8 @@ from typing import Any
 
 from oncekit.core.errors import CommitError, ConfigError
 from oncekit.core.storage import delete_file, filesystem, read_bytes, write_atomically
+
+logger = logging.getLogger(__name__)
 
 LEASE = "oncekit/lease"
 """The lease file, relative to the checkpoint."""
@@ -51,8 +61,24 @@ EXPIRES_S = _expiry_s()
 standby on another host waits after the active driver stopped renewing. Every driver and standby
 of a query must have the same."""
 RENEW_S = min(10.0, EXPIRES_S / 4)
+IDLE_S = max(120.0, 2 * EXPIRES_S)
+"""How long a driver keeps the lease of a query that failed and was not started again: a restart
+strategy restarts within this (else :func:`release_idle` gives the lease up when it gives up)."""
 
 _PROCESS = uuid.uuid4().hex  # this process, across pid reuse
+
+
+def _boot() -> str:
+    """This machine's boot and pid namespace: a pid names the same process only where both match
+    (containers that share a host name, cloned machines)."""
+    try:
+        boot_id = open("/proc/sys/kernel/random/boot_id").read().strip()
+        return f"{boot_id}/{os.readlink('/proc/self/ns/pid')}"
+    except OSError:
+        return ""
+
+
+_BOOT = _boot()
 
 
 @dataclass(frozen=True)
@@ -62,10 +88,11 @@ class Lease:
     process: str
     renewed_at: float
     run: str = ""
+    boot: str = ""
 
     @classmethod
     def mine(cls, run: str) -> Lease:
-        return cls(socket.gethostname(), os.getpid(), _PROCESS, time.time(), run)
+        return cls(socket.gethostname(), os.getpid(), _PROCESS, time.time(), run, _BOOT)
 
     @property
     def is_mine(self) -> bool:
@@ -75,10 +102,11 @@ class Lease:
         return f"driver pid {self.pid} on {self.host}, lease renewed {max(0.0, time.time() - self.renewed_at):.0f} s ago"
 
     def void(self) -> bool:
-        """Expired, or held by a process that is gone from this host."""
+        """Expired, or held by a process that is gone from this machine and pid namespace."""
         if time.time() - self.renewed_at > EXPIRES_S:
             return True
-        return self.host == socket.gethostname() and not os.path.exists(f"/proc/{self.pid}")
+        here = self.host == socket.gethostname() and bool(self.boot) and self.boot == _BOOT
+        return here and not os.path.exists(f"/proc/{self.pid}")
 
 
 class QueryLease:
@@ -88,13 +116,17 @@ class QueryLease:
         self.fs, root = filesystem(checkpoint)
         self.path = f"{root}/{LEASE}"
 
-    def holder(self) -> Lease | None:
-        """The driver that holds the lease, None when nobody does (or the lease is void)."""
+    def recorded(self) -> Lease | None:
+        """The lease as written, void or not; None when there is none (or it cannot be read)."""
         try:
-            found = Lease(**json.loads(read_bytes(self.fs, self.path)))
+            return Lease(**json.loads(read_bytes(self.fs, self.path)))
         except (FileNotFoundError, ValueError, TypeError):
             return None
-        return None if found.void() else found
+
+    def holder(self) -> Lease | None:
+        """The driver that holds the lease, None when nobody does (or the lease is void)."""
+        found = self.recorded()
+        return None if found is None or found.void() else found
 
     def renew(self, run: str) -> None:
         """Driver: take or renew the lease for this process's query run ``run``."""
@@ -105,6 +137,117 @@ class QueryLease:
         held = self.holder()
         if held is not None and held.is_mine:
             delete_file(self.fs, self.path)
+
+
+class LeaseKeeper:
+    """This driver process's hold on one query's lease (one per checkpoint: :func:`keeper`).
+
+    :func:`~oncekit.core.spark.query.start_query` calls :meth:`hold` at every start of the
+    query; from the first, a daemon thread renews the lease every :data:`RENEW_S` until
+    :meth:`release` (the query stopped, or ended for good), so the lease is kept while the
+    restart strategy waits to start the query again. The thread never overwrites another
+    process's lease: when it finds one, it stops and :meth:`taken_by` says who took it. A
+    keeper whose query failed and was not started again within :data:`IDLE_S` releases the
+    lease itself."""
+
+    def __init__(self, checkpoint: str) -> None:
+        self.lease = QueryLease(checkpoint)
+        self.checkpoint = checkpoint
+        self.run = ""
+        self._taken: str | None = None
+        self._idle_since: float | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def hold(self, run: str) -> None:
+        """Driver, at a start of the query (run ``run``): take or keep the lease; ConfigError when
+        another live driver holds it."""
+        with self._lock:
+            holder = self.lease.holder()
+            if holder is not None and not holder.is_mine:
+                raise ConfigError(
+                    f"the query checkpointed at {self.checkpoint} is running ({holder.describe()}); two drivers on one "
+                    f"checkpoint would take turns fencing each other. Stop it first; a driver that died leaves a lease "
+                    f"that lapses within {EXPIRES_S:.0f} s")
+            self.run, self._taken, self._idle_since = run, None, None
+            self.lease.renew(run)
+            if self._thread is None or self._stop.is_set() or not self._thread.is_alive():
+                self._stop = threading.Event()
+                self._thread = threading.Thread(target=self._renew, args=(self._stop,), daemon=True,
+                                                name=f"oncekit-lease {self.checkpoint}")
+                self._thread.start()
+
+    def idle(self) -> None:
+        """The query ended without being stopped for good (it failed): keep the lease for a
+        restart, at most :data:`IDLE_S`."""
+        with self._lock:
+            if self._idle_since is None:
+                self._idle_since = time.monotonic()
+
+    @property
+    def is_idle(self) -> bool:
+        with self._lock:
+            return self._idle_since is not None
+
+    def taken_by(self) -> str | None:
+        """Who took the lease from this process, once the renewal found it taken; else None."""
+        return self._taken
+
+    def release(self) -> None:
+        """Driver, once its query has stopped and its last commits are done: stop renewing and
+        give the lease up (if it is still this process's)."""
+        with self._lock:
+            self._stop.set()
+            self._idle_since = None
+            self.lease.release()
+
+    def _renew(self, stop: threading.Event) -> None:
+        while not stop.wait(RENEW_S):
+            try:
+                with self._lock:
+                    if stop.is_set():
+                        return
+                    if self._idle_since is not None and time.monotonic() - self._idle_since > IDLE_S:
+                        logger.warning("lease of %s: the query has not run for %.0f s; releasing it", self.checkpoint,
+                                       IDLE_S)
+                        stop.set()
+                        self.lease.release()
+                        return
+                    found = self.lease.recorded()
+                    if found is not None and not found.is_mine:
+                        self._taken = found.describe()
+                        logger.error("lease of %s: taken by another driver (%s); no longer renewed", self.checkpoint,
+                                     self._taken)
+                        return
+                    self.lease.renew(self.run)
+            except OSError as exc:  # storage unreachable: the next renewal tries again
+                logger.warning("lease of %s: could not renew: %s", self.checkpoint, exc)
+
+
+_keepers: dict[str, LeaseKeeper] = {}
+_keepers_lock = threading.Lock()
+
+
+def keeper(checkpoint: str) -> LeaseKeeper:
+    """This process's :class:`LeaseKeeper` of ``checkpoint``'s lease."""
+    with _keepers_lock:
+        found = _keepers.get(checkpoint)
+        if found is None:
+            found = _keepers[checkpoint] = LeaseKeeper(checkpoint)
+        return found
+
+
+def release_idle() -> None:
+    """Called by :func:`~oncekit.core.restart.supervise` when it gives up: release the leases of
+    this process's queries that failed and will not start again, so a standby takes over now."""
+    with _keepers_lock:
+        idle = [found for found in _keepers.values() if found.is_idle]
+    for found in idle:
+        try:
+            found.release()
+        except OSError as exc:
+            logger.warning("lease of %s: could not release it: %s", found.checkpoint, exc)
 
 
 def require_held(checkpoint: str, run: str, where: str) -> None:

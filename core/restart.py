@@ -27,6 +27,7 @@ from oncekit.core.errors import (
     ReplayError,
     RestartsExhaustedError,
 )
+from oncekit.core.lease import release_idle
 
 logger = logging.getLogger(__name__)
 
@@ -158,6 +159,10 @@ def supervise(run: Callable[[], None], strategy: RestartStrategy,
     try:
         retrying(run)
     except tenacity.RetryError as exc:
+        release_idle()  # the query will not start again here: let a standby take over now
         last = exc.last_attempt.exception()
         raise RestartsExhaustedError(f"{strategy} gave up after {restarts} restarts: {last}") from last
+    except BaseException:
+        release_idle()
+        raise
     return restarts

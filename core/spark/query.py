@@ -27,7 +27,7 @@ import oncekit
 from oncekit.core.deadline import bounded
 from oncekit.core.engine import CheckpointEngine
 from oncekit.core.errors import ConfigError, LeaseLostError, OncekitError, QueryStuckError, StallError
-from oncekit.core.lease import EXPIRES_S, RENEW_S, QueryLease
+from oncekit.core.lease import EXPIRES_S, RENEW_S, QueryLease, keeper
 from oncekit.core.protocol import SinkConfig
 from oncekit.core.spark.plan import refuse_changed_replay
 from oncekit.core.spark.writer import QueryRun
@@ -162,18 +162,16 @@ class BatchWatchdog:
         self._done.set()
 
     def _watch(self) -> None:
-        lease = QueryLease(self.checkpoint)
+        # The lease is the LeaseKeeper's: kept through a restart, released once the query
+        # stopped for good (OncekitQuery.stop, await_termination, or supervise giving up).
         try:
-            self._watch_batches(lease)
+            self._watch_batches(QueryLease(self.checkpoint))
         finally:
-            try:
-                lease.release()
-            except OSError as exc:
-                logger.warning("query %s: could not release its lease: %s", self.name, exc)
+            keeper(self.checkpoint).idle()
 
     def _watch_batches(self, lease: QueryLease) -> None:
         log = SparkLog(self.checkpoint)
-        renewed = time.monotonic()
+        looked = time.monotonic()
         every = min(max(self.timeout_s / 10, 0.5), RENEW_S)
         pending: tuple[int, float] | None = None  # (planned, not committed batch; when first seen so)
         threadless = 0
@@ -181,13 +179,12 @@ class BatchWatchdog:
             try:
                 if not self.query.isActive:
                     return
-                if time.monotonic() - renewed >= RENEW_S:
+                if time.monotonic() - looked >= RENEW_S:
                     taken_by = self._taken_by(lease)
                     if taken_by is not None:
                         self._lost(taken_by)
                         return
-                    lease.renew(self.run)
-                    renewed = time.monotonic()
+                    looked = time.monotonic()
                 planned, completed = log.latest_planned(), log.latest_completed()
             except Exception as exc:  # noqa: BLE001 - a session going away, storage unreachable: look again
                 logger.debug("query %s: watchdog could not look: %s", self.name, exc)
@@ -290,18 +287,6 @@ def refuse_speculation(spark: SparkSession, sink: SinkConfig) -> None:
                           "exactly-once sinks cannot share a partition with; set spark.speculation=false")
 
 
-def take_lease(checkpoint: str, run: str) -> None:
-    """Called by :func:`start_query`: refuse a checkpoint whose query another live driver runs
-    (on this host or another: :mod:`oncekit.core.lease`), else take its lease for ``run``."""
-    lease = QueryLease(checkpoint)
-    holder = lease.holder()
-    if holder is not None and not holder.is_mine:
-        raise ConfigError(f"the query checkpointed at {checkpoint} is running ({holder.describe()}); two drivers on "
-                          f"one checkpoint write the same transactions and abort each other's. Stop it first; a "
-                          f"driver that died leaves a lease that lapses within {EXPIRES_S:.0f} s")
-    lease.renew(run)
-
-
 def batch_timeout_s(spark: SparkSession, trigger: dict[str, Any] | None, given: float | None) -> float:
     """The batch deadline of a query: ``given``, else the session's :data:`BATCH_TIMEOUT_CONF`,
     else 5 minutes or 10 triggers, whichever is longer."""
@@ -376,10 +361,21 @@ class OncekitQuery:
         engine.complete()
 
     def stop(self) -> None:
+        """Stop the query, commit its completed checkpoints, then give up its lease."""
         if self.watchdog is not None:
             self.watchdog.close()
         self.query.stop()
         self._stopped()
+        self._release()
+
+    def _release(self) -> None:
+        """The query stopped for good and its last commits are done: a standby may take over."""
+        if self.watchdog is not None and isinstance(self.watchdog.stall, LeaseLostError):
+            return  # not this driver's any more
+        try:
+            keeper(self.checkpoint).release()
+        except OSError as exc:
+            logger.warning("query at %s: could not release its lease: %s", self.checkpoint, exc)
 
     def await_termination(self, timeout: float | None = None) -> bool:
         """Like StreamingQuery.awaitTermination; raises the query's error if it failed (as
@@ -405,7 +401,8 @@ class OncekitQuery:
                     self.watchdog.close()
                 self._stopped()
                 if stall is not None:
-                    raise stall
+                    raise stall  # the restart strategy starts it again, under the lease kept meanwhile
+                self._release()
                 return True
             if deadline is not None and time.monotonic() >= deadline:
                 return False
@@ -440,7 +437,7 @@ def start_query(
         checkpoint = os.path.abspath(checkpoint)
     remote = is_connect(spark)
     run = QueryRun.started(listener=notify and not remote, committer=notify and remote)
-    take_lease(checkpoint, run.token or "")
+    keeper(checkpoint).hold(run.token or "")
     refuse_changed_replay(frame, sink, checkpoint)
     writer = (frame.writeStream.format(sink.format_name).options(**sink.to_options(), **run.to_options())
               .option("checkpointLocation", checkpoint).outputMode(output_mode))

@@ -13,7 +13,18 @@ import pytest
 
 from oncekit.core.engine import owner_in_use
 from oncekit.core.errors import CommitError, ConfigError, LeaseLostError
-from oncekit.core.lease import EXPIRES_S, EXPIRY_ENV, LEASE, QueryLease, _expiry_s, require_held, wait_free
+from oncekit.core.lease import (
+    _BOOT,
+    EXPIRES_S,
+    EXPIRY_ENV,
+    LEASE,
+    LeaseKeeper,
+    QueryLease,
+    _expiry_s,
+    release_idle,
+    require_held,
+    wait_free,
+)
 from oncekit.core.protocol import SinkOwner
 
 
@@ -44,8 +55,57 @@ def test_another_hosts_lease_holds_until_it_expires(tmp_path: Path) -> None:
 
 def test_a_dead_process_on_this_host_holds_nothing(tmp_path: Path) -> None:
     dead = 2**22 + 12345  # above pid_max's default: no such process
-    _write(tmp_path, host=socket.gethostname(), pid=dead, process="x", renewed_at=time.time())
+    _write(tmp_path, host=socket.gethostname(), pid=dead, process="x", renewed_at=time.time(), boot=_BOOT)
     assert QueryLease(str(tmp_path)).holder() is None
+
+
+def test_a_pid_of_another_boot_or_pid_namespace_is_not_looked_up_here(tmp_path: Path) -> None:
+    """Containers that share the host's name (host networking) and cloned machines have the same
+    host name and their own pids: a pid missing here says nothing about the process there."""
+    dead = 2**22 + 12345
+    for boot in ("", "another-boot/pid:[4026531836]", _BOOT.split("/")[0] + "/pid:[1]"):
+        _write(tmp_path, host=socket.gethostname(), pid=dead, process="x", renewed_at=time.time(), boot=boot)
+        assert QueryLease(str(tmp_path)).holder() is not None, boot
+
+
+def test_a_keeper_renews_until_released_and_never_overwrites_another_drivers_lease(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("oncekit.core.lease.RENEW_S", 0.05)
+    kept = LeaseKeeper(str(tmp_path))
+    kept.hold("run-1")
+    first = QueryLease(str(tmp_path)).recorded()
+    time.sleep(0.3)
+    renewed = QueryLease(str(tmp_path)).recorded()
+    assert first is not None and renewed is not None and renewed.renewed_at > first.renewed_at and renewed.is_mine
+    kept.idle()  # the query failed: the lease is kept for its restart
+    time.sleep(0.2)
+    assert QueryLease(str(tmp_path)).holder() is not None
+    kept.hold("run-2")  # restarted in place
+    assert QueryLease(str(tmp_path)).recorded().run == "run-2"  # type: ignore[union-attr]
+    _write(tmp_path, host="other-host", pid=1, process="x", renewed_at=time.time() - 3 * EXPIRES_S, run="standby")
+    time.sleep(0.3)
+    assert kept.taken_by() is not None and "other-host" in kept.taken_by()  # type: ignore[operator]
+    assert QueryLease(str(tmp_path)).recorded().run == "standby"  # type: ignore[union-attr]  # not overwritten
+    kept.release()
+    assert QueryLease(str(tmp_path)).recorded().run == "standby"  # type: ignore[union-attr]  # not ours to delete
+    with pytest.raises(ConfigError, match="is running"):
+        _write(tmp_path, host="other-host", pid=1, process="x", renewed_at=time.time(), run="standby")
+        kept.hold("run-3")
+
+
+def test_release_idle_gives_up_the_leases_of_queries_that_failed_for_good(tmp_path: Path) -> None:
+    from oncekit.core.lease import keeper
+
+    running, failed = keeper(str(tmp_path / "running")), keeper(str(tmp_path / "failed"))
+    running.hold("a")
+    failed.hold("b")
+    failed.idle()
+    release_idle()
+    assert QueryLease(str(tmp_path / "running")).holder() is not None
+    assert QueryLease(str(tmp_path / "failed")).holder() is None
+    running.release()
+    assert QueryLease(str(tmp_path / "running")).holder() is None
 
 
 def test_a_restored_savepoint_is_refused_while_its_original_runs(tmp_path: Path) -> None:
