@@ -51,16 +51,18 @@ class CheckpointEngine:
     idempotent, and recovery never touches what a running batch may still commit.
     """
 
-    def __init__(self, sink: Sink, checkpoint: str) -> None:
+    def __init__(self, sink: Sink, checkpoint: str, epoch: int = 0) -> None:
         self.sink = sink
         self.spark_log = SparkLog(checkpoint)
         self.location = checkpoint
         self.journal = Journal(checkpoint, sink.sink_id)
+        self.epoch = epoch
 
     @classmethod
-    def of(cls, config: SinkConfig, checkpoint: str) -> CheckpointEngine:
-        """The engine of the sink ``config`` describes, for the query checkpointed at ``checkpoint``."""
-        return cls(config.build(checkpoint), checkpoint)
+    def of(cls, config: SinkConfig, checkpoint: str, epoch: int = 0) -> CheckpointEngine:
+        """The engine of the sink ``config`` describes, for the query checkpointed at
+        ``checkpoint``, acting for the query run of ``epoch``."""
+        return cls(config.build(checkpoint), checkpoint, epoch)
 
     def preflight(self) -> None:
         """Driver, once per query start (the stream writer): the sink's checks, then its claim on

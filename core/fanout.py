@@ -146,7 +146,7 @@ class FanOutSink(Sink):
         feeds = {route: _Feed(where, route) for route in self.targets}
         with ThreadPoolExecutor(len(self.targets), thread_name_prefix="oncekit-fanout") as pool:
             writers = {route: pool.submit(sink.write_partition,
-                                          TaskInfo(sink.sink_id, task.batch_id, task.partition_id, task.attempt),
+                                          TaskInfo(sink.sink_id, task.batch_id, task.partition_id, task.attempt, task.epoch),
                                           iter(feeds[route]))
                        for route, sink in self.targets.items()}
             for route, writer in writers.items():

@@ -5,12 +5,16 @@ Like psycopg's ``Xid``, each is a frozen value object: ``str(name)`` is what the
 builds it from these classes; nobody else writes ``"oncekit:"`` or ``"oncekit-"``.
 
 - :class:`TransactionId`: a PostgreSQL prepared transaction's global id,
-  ``oncekit:<sink>:<batch>:<partition>:<attempt>``.
+  ``oncekit:<sink>:<batch>:<partition>:<attempt>:e<epoch>``.
 - :class:`KafkaTransactionalId`: a Kafka producer's ``transactional.id``, stable per sink and
   writer (a partition, or the write-ahead log's publisher) so that a new producer fences a zombie.
 - :class:`MarkerTopic`: the compacted topic that holds a Kafka sink's batch markers and the record
   of which query writes through it.
 - :class:`StagedFile`: a write-ahead-log file, relative to the sink's staging folder.
+
+The epoch in a name is the query run's that made it (its fencing token): it tells runs apart
+where Spark's task attempt ids, which start again at 0 in every application, cannot. Names made
+before the kit fenced runs have none and parse as epoch 0.
 """
 
 from __future__ import annotations
@@ -18,13 +22,19 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-_TRANSACTION_ID = re.compile(r"oncekit:(?P<sink>[A-Za-z0-9_.-]+):(?P<batch>\d+):(?P<partition>\d+):(?P<attempt>\d+)")
-_STAGED_FILE = re.compile(r"(?P<batch>\d+)/(?P<partition>\d+)-(?P<attempt>\d+)\.arrow")
+_TRANSACTION_ID = re.compile(
+    r"oncekit:(?P<sink>[A-Za-z0-9_.-]+):(?P<batch>\d+):(?P<partition>\d+):(?P<attempt>\d+)(?::e(?P<epoch>\d+))?")
+_STAGED_FILE = re.compile(r"(?P<batch>\d+)/(?P<partition>\d+)-(?P<attempt>\d+)(?:-e(?P<epoch>\d+))?\.arrow")
+
+
+def _epoch_suffix(epoch: int, separator: str) -> str:
+    return f"{separator}e{epoch}" if epoch else ""
 
 
 @dataclass(frozen=True)
 class TransactionId:
-    """A prepared transaction's global id: deterministic per (sink, batch, partition, attempt)."""
+    """A prepared transaction's global id: deterministic per (sink, batch, partition, attempt,
+    epoch)."""
 
     PREFIX = "oncekit:"
 
@@ -32,9 +42,11 @@ class TransactionId:
     batch_id: int
     partition_id: int
     attempt: int
+    epoch: int = 0
 
     def __str__(self) -> str:
-        return f"{self.PREFIX}{self.sink_id}:{self.batch_id}:{self.partition_id}:{self.attempt}"
+        return (f"{self.PREFIX}{self.sink_id}:{self.batch_id}:{self.partition_id}:{self.attempt}"
+                f"{_epoch_suffix(self.epoch, ':')}")
 
     @classmethod
     def sink_prefix(cls, sink_id: str) -> str:
@@ -46,7 +58,8 @@ class TransactionId:
         match = _TRANSACTION_ID.fullmatch(text)
         if match is None:
             return None
-        return cls(match["sink"], int(match["batch"]), int(match["partition"]), int(match["attempt"]))
+        return cls(match["sink"], int(match["batch"]), int(match["partition"]), int(match["attempt"]),
+                   int(match["epoch"] or 0))
 
 
 @dataclass(frozen=True)
@@ -84,19 +97,20 @@ class MarkerTopic:
 
 @dataclass(frozen=True)
 class StagedFile:
-    """``<batch>/<partition>-<attempt>.arrow``, relative to a sink's staging folder, so that a
-    checkpoint (and a savepoint of it) can move."""
+    """``<batch>/<partition>-<attempt>-e<epoch>.arrow``, relative to a sink's staging folder, so
+    that a checkpoint (and a savepoint of it) can move."""
 
     batch_id: int
     partition_id: int
     attempt: int
+    epoch: int = 0
 
     def __str__(self) -> str:
-        return f"{self.batch_id}/{self.partition_id}-{self.attempt}.arrow"
+        return f"{self.batch_id}/{self.partition_id}-{self.attempt}{_epoch_suffix(self.epoch, '-')}.arrow"
 
     @classmethod
     def parse(cls, text: str) -> StagedFile | None:
         match = _STAGED_FILE.fullmatch(text)
         if match is None:
             return None
-        return cls(int(match["batch"]), int(match["partition"]), int(match["attempt"]))
+        return cls(int(match["batch"]), int(match["partition"]), int(match["attempt"]), int(match["epoch"] or 0))

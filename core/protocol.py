@@ -63,24 +63,26 @@ class CommitOutcome(enum.Enum):
 
 @dataclass(frozen=True)
 class TaskInfo:
-    """Where a task writes: the sink, the checkpoint (= Spark batch id), the partition, and the
-    attempt (Spark's task attempt id: unique among all task attempts of the application)."""
+    """Where a task writes: the sink, the checkpoint (= Spark batch id), the partition, the
+    attempt (Spark's task attempt id: unique among all task attempts of the application), and
+    the epoch of the query run the task belongs to (its fencing token; 0: a run that takes none)."""
 
     sink_id: str
     batch_id: int
     partition_id: int
     attempt: int
+    epoch: int = 0
 
     @property
     def transaction_id(self) -> str:
-        """Deterministic per (sink, batch, partition, attempt): a retried task gets a new id, a
-        replayed batch after a restart reuses it (the old one is aborted before)."""
-        return str(TransactionId(self.sink_id, self.batch_id, self.partition_id, self.attempt))
+        """Deterministic per (sink, batch, partition, attempt, epoch): a retried task gets a new
+        id, and so does a replayed batch in a later run."""
+        return str(TransactionId(self.sink_id, self.batch_id, self.partition_id, self.attempt, self.epoch))
 
     @property
     def staged_file(self) -> str:
         """The task's write-ahead-log file, relative to the sink's staging folder."""
-        return str(StagedFile(self.batch_id, self.partition_id, self.attempt))
+        return str(StagedFile(self.batch_id, self.partition_id, self.attempt, self.epoch))
 
 
 @dataclass(frozen=True)
@@ -89,7 +91,8 @@ class Committable:
 
     Exactly one of ``transaction_id`` (an open transaction: two-phase commit) and ``staged_file``
     (rows staged under the checkpoint, relative to the sink's staging folder: write-ahead log) is
-    set. Frozen and JSON-serializable: the journal stores it as a dict.
+    set; ``epoch`` is the query run's that made it. Frozen and JSON-serializable: the journal
+    stores it as a dict.
     """
 
     sink_id: str
@@ -99,6 +102,7 @@ class Committable:
     rows: int
     transaction_id: str | None = None
     staged_file: str | None = None
+    epoch: int = 0
 
     @property
     def name(self) -> str:

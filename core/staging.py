@@ -47,7 +47,7 @@ class StagedFiles:
         logger.info("sink %s batch %s partition %s: staged %s rows in %s", self.sink_id, task.batch_id,
                     task.partition_id, rows, task.staged_file)
         return Committable(task.sink_id, task.batch_id, task.partition_id, task.attempt, rows,
-                           staged_file=task.staged_file)
+                           staged_file=task.staged_file, epoch=task.epoch)
 
     def _path(self, staged_file: str | None) -> str:
         return f"{self.directory}/{staged_file}"
@@ -75,5 +75,5 @@ class StagedFiles:
                 staged = StagedFile.parse(f"{name}/{file_name}")
                 if staged is not None:
                     out.append(Committable(self.sink_id, staged.batch_id, staged.partition_id, staged.attempt, 0,
-                                           staged_file=str(staged)))
+                                           staged_file=str(staged), epoch=staged.epoch))
         return out

@@ -129,7 +129,7 @@ class PostgresTwoPhaseCommitSink(PostgresSinkBase, TwoPhaseCommitSink["_Prepared
         logger.info("sink %s batch %s partition %s txn %s: prepared %s rows", self.sink_id, task.batch_id,
                     task.partition_id, task.transaction_id, rows)
         return Committable(task.sink_id, task.batch_id, task.partition_id, task.attempt, rows,
-                           transaction_id=task.transaction_id)
+                           transaction_id=task.transaction_id, epoch=task.epoch)
 
     def abort_open(self, transaction: _PreparedTransaction) -> None:
         """Task: closing the session rolls its transaction (and any COPY in flight) back."""
@@ -194,7 +194,7 @@ class PostgresTwoPhaseCommitSink(PostgresSinkBase, TwoPhaseCommitSink["_Prepared
         with nullcontext(conn) if conn is not None else self.connection(autocommit=True) as session:
             found = prepared_transactions(session, TransactionId.sink_prefix(self.sink_id))
         ids = [(gid, TransactionId.parse(gid)) for gid in found]
-        return [Committable(self.sink_id, t.batch_id, t.partition_id, t.attempt, 0, transaction_id=gid)
+        return [Committable(self.sink_id, t.batch_id, t.partition_id, t.attempt, 0, transaction_id=gid, epoch=t.epoch)
                 for gid, t in ids if t is not None and t.sink_id == self.sink_id and (wanted is None or t.batch_id in wanted)]
 
 

@@ -53,7 +53,7 @@ class PostgresWriteAheadSink(PostgresSinkBase, WriteAheadSink):
                 conn.rollback()
                 return CommitOutcome.ALREADY_COMMITTED
             for committable, batches in self.staged_batches(batch_id, committables):
-                task = TaskInfo(self.sink_id, batch_id, committable.partition_id, committable.attempt)
+                task = TaskInfo(self.sink_id, batch_id, committable.partition_id, committable.attempt, committable.epoch)
                 self.write_rows(conn, task, batches, staging)
             conn.commit()
         return CommitOutcome.COMMITTED
