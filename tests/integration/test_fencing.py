@@ -1,0 +1,94 @@
+"""Two drivers on one checkpoint (issue 33), driven directly on a real PostgreSQL server (no
+Spark): a driver paused past its lease acts once more when it wakes, and what it does must not
+change what the run that took over wrote. Each run has its epoch; Spark's task attempt ids start
+again at 0 in every application, so only the epoch tells the two runs' work apart."""
+
+from __future__ import annotations
+
+import collections
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from oncekit.core.engine import CheckpointEngine
+from oncekit.core.errors import OncekitError
+from oncekit.core.protocol import TaskInfo
+from oncekit.sinks.postgres import postgres_sink
+from tests.integration.test_postgres_recovery import rows, spark_logged
+
+pytestmark = pytest.mark.services
+
+PROTOCOLS = ("two-phase-commit", "write-ahead-log")
+
+
+def engines(dsn: str, table: str, checkpoint: Path, protocol: str) -> tuple[CheckpointEngine, CheckpointEngine]:
+    """The engines of the old run (epoch 1) and of the run that took over (epoch 2)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE IF NOT EXISTS {table} (id int NOT NULL, payload text NOT NULL)")
+    config = postgres_sink(dsn, table, protocol, columns=("id", "payload"))
+    found = []
+    for epoch in (1, 2):
+        sink = config.build(str(checkpoint))
+        sink.preflight()
+        found.append(CheckpointEngine(sink, str(checkpoint), epoch))
+    return found[0], found[1]
+
+
+def table_ids(dsn: str, table: str) -> collections.Counter[int]:
+    with psycopg.connect(dsn) as conn:
+        return collections.Counter(r[0] for r in conn.execute(f"SELECT id FROM {table}"))
+
+
+def prepared(dsn: str) -> list[str]:
+    with psycopg.connect(dsn) as conn:
+        return [r[0] for r in conn.execute("SELECT gid FROM pg_prepared_xacts WHERE gid LIKE 'oncekit:%'")]
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_postgres_an_older_runs_abort_leaves_the_newer_runs_batch_alone(
+    postgres_dsn: str, unique_name: str, tmp_path: Path, protocol: str,
+) -> None:
+    """The old driver pre-committed batch 0 and was paused; a standby's run recovered (aborting
+    the old run's work) and replayed batch 0; the old driver wakes inside Spark's abort of batch 0.
+    Its abort must touch only its own run's work: the batch is then committed once."""
+    old, new = engines(postgres_dsn, unique_name, tmp_path, protocol)
+    sink_id = old.sink.sink_id
+    spark_logged(tmp_path, planned=[0], committed=[])
+    mine = old.write_task(TaskInfo(sink_id, 0, 0, 7, epoch=1), iter([rows([1, 2])]))
+
+    new.recover()
+    replayed = new.write_task(TaskInfo(sink_id, 0, 0, 0, epoch=2), iter([rows([1, 2])]))
+    new.checkpoint(0, replayed)
+
+    old.abort(0, mine)  # the old driver, resumed
+
+    spark_logged(tmp_path, planned=[0], committed=[0])
+    new.complete()
+    assert table_ids(postgres_dsn, unique_name) == collections.Counter([1, 2])
+    assert prepared(postgres_dsn) == []
+
+
+def test_postgres_two_phase_commit_a_batch_already_committed_is_never_committed_again(
+    postgres_dsn: str, unique_name: str, tmp_path: Path,
+) -> None:
+    """The old driver completed batch 0 (journal, Spark's commit log, commit) while a second
+    driver, started on the same checkpoint, replayed the same batch: the second run's replay must
+    not reopen the batch, and nothing of it is committed a second time."""
+    old, new = engines(postgres_dsn, unique_name, tmp_path, "two-phase-commit")
+    sink_id = old.sink.sink_id
+    spark_logged(tmp_path, planned=[0], committed=[])
+    new.recover()  # the second driver started before batch 0 completed
+    old.checkpoint(0, old.write_task(TaskInfo(sink_id, 0, 0, 7, epoch=1), iter([rows([1, 2])])))
+    spark_logged(tmp_path, planned=[0], committed=[0])
+    old.complete()
+    assert table_ids(postgres_dsn, unique_name) == collections.Counter([1, 2])
+
+    try:
+        new.checkpoint(0, new.write_task(TaskInfo(sink_id, 0, 0, 0, epoch=2), iter([rows([1, 2])])))
+    except OncekitError:
+        pass  # refused: the batch is committed
+    new.complete()
+
+    assert table_ids(postgres_dsn, unique_name) == collections.Counter([1, 2])
+    assert prepared(postgres_dsn) == []
