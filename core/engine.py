@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from oncekit.core.protocol import Committable, Sink, SinkConfig, SinkOwner, TaskInfo
 from oncekit.core.crash import crash_point
-from oncekit.core.errors import CommitError
+from oncekit.core.errors import CommitError, FencedError
 from oncekit.core.journal import Journal
 from oncekit.core.lease import QueryLease
 from oncekit.core.spark_log import SparkLog
@@ -57,6 +57,7 @@ class CheckpointEngine:
         self.location = checkpoint
         self.journal = Journal(checkpoint, sink.sink_id)
         self.epoch = epoch
+        sink.act_for(epoch)
 
     @classmethod
     def of(cls, config: SinkConfig, checkpoint: str, epoch: int = 0) -> CheckpointEngine:
@@ -71,6 +72,35 @@ class CheckpointEngine:
         query_id = self.spark_log.query_id()
         if query_id is not None:  # Spark writes it before it creates the writer; a test harness may not
             self.sink.claim(SinkOwner(query_id, self.location), owner_in_use)
+
+    def start_run(self, token: str) -> RecoveryReport:
+        """Driver, the first stream writer of query run ``token``, after :meth:`preflight`: take
+        the run's epoch (the sink's fencing token: above every earlier run's, recorded in the
+        target, :meth:`~oncekit.core.protocol.Sink.take_epoch`), recover under it, then record
+        the run. From the epoch on, the target refuses every older run's acts, and this run's
+        aborts touch nothing of a newer run's."""
+        epoch = self.sink.take_epoch(self.journal.latest_epoch())
+        self.epoch = epoch
+        self.sink.act_for(epoch)
+        logger.info("sink %s: run %s takes epoch %s", self.sink.sink_id, token, epoch)
+        report = self.recover()
+        self.journal.record_epoch(token, epoch)
+        self.journal.start_run(token)
+        return report
+
+    def refuse_superseded(self, where: str) -> None:
+        """Driver: FencedError when a newer run than this engine's took the sink. A check for a
+        named error early; what makes an older run harmless is the target's refusal and
+        :meth:`_may_touch`."""
+        latest = self.journal.latest_epoch()
+        if self.epoch and latest > self.epoch:
+            raise FencedError(f"sink {self.sink.sink_id} {where}: this run (epoch {self.epoch}) was superseded by epoch "
+                              f"{latest}: another driver took the query over")
+
+    def _may_touch(self, committable: Committable) -> bool:
+        """Whether this run may abort ``committable``: its own or an older run's, never a newer
+        run's (an engine without an epoch is unfenced: anything)."""
+        return not self.epoch or committable.epoch <= self.epoch
 
     # -- task side ---------------------------------------------------------------------------
 
@@ -95,7 +125,10 @@ class CheckpointEngine:
         When ``notified`` (a listener or the run's committer delivers notifications), the previous
         batch is left to it: it is most likely committing that batch right now, and two committers
         of one batch fence each other (Kafka) or wait on each other's locks (PostgreSQL). The
-        catch-up then reaches only the batch before."""
+        catch-up then reaches only the batch before.
+
+        Of a run that a newer one superseded: FencedError, and nothing journaled."""
+        self.refuse_superseded(f"batch {batch_id}")
         self.complete(batch_id - (2 if notified else 1))
         held = [c for c in self.sink.leftovers() if c.batch_id <= batch_id]
         missing = sorted(c.name for c in committables if c.key not in {h.key for h in held})
@@ -106,7 +139,7 @@ class CheckpointEngine:
                 f"sink {self.sink.sink_id} batch {batch_id}: pre-committed {', '.join(missing)} no longer held before the "
                 "checkpoint (another attempt of the task aborted it: spark.speculation, or a stage retried while "
                 "the old attempt still ran); nothing of the batch is journaled, so it fails and is replayed")
-        self.journal.write(batch_id, committables)
+        self.journal.write(batch_id, committables, self.epoch)
         logger.info("sink %s batch %s: journaled %s committables", self.sink.sink_id, batch_id, len(committables))
         crash_point("driver_after_journal", batch_id)
         journaled, done = self.journal.entries()
@@ -119,14 +152,15 @@ class CheckpointEngine:
             except FileNotFoundError:
                 continue  # pruned meanwhile: committed; look again at the next batch
             kept = {c.key for c in named}
-            lost = [c for c in held if c.batch_id == held_batch and c.key not in kept]
+            lost = [c for c in held if c.batch_id == held_batch and c.key not in kept and self._may_touch(c)]
             if lost:
                 self.sink.abort_batch(held_batch, lost)
         self._prune(self.spark_log.completed(), journaled, done)  # recovery runs once per query start
 
     def abort(self, batch_id: int, committables: Sequence[Committable]) -> None:
-        """Driver, in the stream writer's abort: Spark gave up on ``batch_id``."""
-        leftovers = self.sink.leftovers([batch_id])
+        """Driver, in the stream writer's abort: Spark gave up on ``batch_id``. Aborts what this
+        run's tasks (or older runs') left open for the batch, never a newer run's."""
+        leftovers = [c for c in self.sink.leftovers([batch_id]) if self._may_touch(c)]
         known = {c.key for c in committables}
         self.sink.abort_batch(batch_id, [*committables, *(c for c in leftovers if c.key not in known)])
 
@@ -155,11 +189,20 @@ class CheckpointEngine:
         - journaled batches Spark did not log: aborted and forgotten (Spark re-runs them);
         - open transactions or staged files no journal names: aborted, unless they belong to the
           newest planned batch while it is still running (its driver commit is about to come).
+
+        A newer run's journal entry or open work means this run was superseded: FencedError,
+        before anything is touched.
         """
         report = RecoveryReport()
         completed = self.spark_log.completed()
         latest = self.spark_log.latest_planned()
         journaled, done = self.journal.entries()
+        if self.epoch:
+            newer = [c.name for c in self.sink.leftovers() if c.epoch > self.epoch]
+            newer += [f"journal entry of batch {b}" for b in sorted(journaled - done) if self.journal.epoch_of_entry(b) > self.epoch]
+            if newer:
+                raise FencedError(f"sink {self.sink.sink_id} recovery: this run (epoch {self.epoch}) was superseded: a "
+                                  f"newer run wrote {', '.join(newer[:5])}")
         named: set[tuple[str, str]] = set()
         for batch_id in sorted(journaled - done):
             committables = self.journal.read(batch_id)

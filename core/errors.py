@@ -50,6 +50,13 @@ class LeaseLostError(OncekitError):
     past its expiry and a standby took over, so this one stops its query."""
 
 
+class FencedError(OncekitError):
+    """A newer run of the query took the sink over (its epoch is above this run's), so the sink
+    refuses what this run does: a driver paused past its lease woke up, or two drivers started on
+    one checkpoint. Nothing this run did after the takeover changed the output; no restart of
+    this run can go on, so restart strategies stop at it."""
+
+
 class ReplayError(OncekitError):
     """A checkpoint replays a batch that a sink cannot compare with what it wrote (the checkpoint
     is older than the sink's output); the message says what to do."""

@@ -202,6 +202,16 @@ class FanOutSink(Sink):
         for sink in self.targets.values():
             sink.claim(owner, in_use)
 
+    def act_for(self, epoch: int) -> None:
+        self.epoch = epoch
+        for sink in self.targets.values():
+            sink.act_for(epoch)
+
+    def take_epoch(self, floor: int) -> int:
+        """Each target takes an epoch above ``floor``; the run's is the highest, so that it is at
+        or above every target's record and the next run's is above all of them."""
+        return max(sink.take_epoch(floor) for sink in self.targets.values())
+
     def forget(self, before_batch: int) -> None:
         for sink in self.targets.values():
             sink.forget(before_batch)

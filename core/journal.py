@@ -1,8 +1,16 @@
 """The journal beside Spark's checkpoint: what the driver received from the tasks, per batch.
 
-Layout under ``<checkpoint>/oncekit/<sink_id>/journal/``: ``<batch>.json`` holds the committables
-the driver received for that batch; ``<batch>.done`` appears once all of them are committed; ``run`` names the newest query run
-that has recovered (:class:`~oncekit.core.spark.writer.QueryRun`).
+Layout under ``<checkpoint>/oncekit/<sink_id>/journal/``:
+
+- ``<batch>.e<epoch>.json``: the committables the driver of the run of ``epoch`` received for
+  that batch (``<batch>.json``: a run without an epoch). Each run writes its own file, so a run
+  paused past its lease that wakes up never replaces what a newer run journaled; readers take
+  the newest epoch's.
+- ``<batch>.done``: all of the batch is committed; the journal never reopens such a batch.
+- ``run``: the newest query run that has recovered (:class:`~oncekit.core.spark.writer.QueryRun`).
+- ``runs/e<epoch>-<token>``: each run that took an epoch, so that a writer of a superseded run
+  knows it is one (:meth:`Journal.epoch_of`, :meth:`Journal.latest_epoch`).
+
 Whether a batch's checkpoint is complete is Spark's commit log's to say (:mod:`oncekit.core.spark_log`).
 """
 
@@ -10,13 +18,21 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Sequence
 
+from oncekit.core.errors import CommitError
 from oncekit.core.protocol import Committable
 from oncekit.core.spark_log import batch_ids
 from oncekit.core.storage import delete_file, filesystem, list_names, read_bytes, temporary_target, write_atomically
 
 logger = logging.getLogger(__name__)
+
+_ENTRY = re.compile(r"(?P<batch>\d+)(?:\.e(?P<epoch>\d+))?\.json")
+_RUN = re.compile(r"e(?P<epoch>\d+)-(?P<token>.+)")
+RUNS_KEPT = 20
+"""Run records kept: a writer of a run older than these is refused all the same (its epoch is
+below the newest)."""
 
 
 class Journal:
@@ -30,27 +46,53 @@ class Journal:
     def _path(self, batch_id: int, suffix: str) -> str:
         return f"{self.directory}/{batch_id}{suffix}"
 
-    def write(self, batch_id: int, committables: Sequence[Committable]) -> None:
+    def write(self, batch_id: int, committables: Sequence[Committable], epoch: int = 0) -> None:
         """Driver, in the stream writer's commit: record the batch's committables before Spark
-        logs the batch as committed."""
-        payload = {"sink_id": self.sink_id, "batch_id": batch_id, "committables": [c.to_dict() for c in committables]}
-        write_atomically(self.fs, self._path(batch_id, ".json"), json.dumps(payload).encode())
-        delete_file(self.fs, self._path(batch_id, ".done"))
+        logs the batch as committed, in the entry of the run of ``epoch``. A batch marked done
+        is never reopened (CommitError): another run committed it."""
+        if self.fs.get_file_info(self._path(batch_id, ".done")).is_file:
+            raise CommitError(f"sink {self.sink_id} batch {batch_id}: already committed (the journal marks it done), "
+                              "by another run of this query; this run journals nothing for it")
+        payload = {"sink_id": self.sink_id, "batch_id": batch_id, "epoch": epoch,
+                   "committables": [c.to_dict() for c in committables]}
+        write_atomically(self.fs, self._path(batch_id, f".e{epoch}.json" if epoch else ".json"),
+                         json.dumps(payload).encode())
+
+    def _entries_of(self, names: list[str]) -> dict[int, list[tuple[int, str]]]:
+        """Per batch, its entries as (epoch, file name)."""
+        found: dict[int, list[tuple[int, str]]] = {}
+        for name in names:
+            match = _ENTRY.fullmatch(name)
+            if match is not None:
+                found.setdefault(int(match["batch"]), []).append((int(match["epoch"] or 0), name))
+        return found
 
     def read(self, batch_id: int) -> list[Committable]:
-        payload = json.loads(read_bytes(self.fs, self._path(batch_id, ".json")))
+        """The batch's committables, as the newest run that journaled it received them."""
+        entries = self._entries_of(list_names(self.fs, self.directory)).get(batch_id)
+        if not entries:
+            raise FileNotFoundError(f"{self.directory}: no journal entry of batch {batch_id}")
+        payload = json.loads(read_bytes(self.fs, f"{self.directory}/{max(entries)[1]}"))
         return [Committable.from_dict(c) for c in payload["committables"]]
+
+    def epoch_of_entry(self, batch_id: int) -> int:
+        """The newest epoch that journaled ``batch_id`` (0 when none or without one)."""
+        entries = self._entries_of(list_names(self.fs, self.directory)).get(batch_id)
+        return max(entries)[0] if entries else 0
 
     def entries(self) -> tuple[set[int], set[int]]:
         """(journaled batch ids, the ones of them marked done)."""
         names = list_names(self.fs, self.directory)
-        return batch_ids(names, ".json"), batch_ids(names, ".done")
+        return set(self._entries_of(names)), batch_ids(names, ".done")
 
     def mark_done(self, batch_id: int) -> None:
         write_atomically(self.fs, self._path(batch_id, ".done"), b"")
 
     def delete(self, batch_id: int) -> None:
-        delete_file(self.fs, self._path(batch_id, ".json"))
+        """Recovery (the batch never completed: every run's entry goes) or pruning (done, and
+        older than anything Spark keeps)."""
+        for _, name in self._entries_of(list_names(self.fs, self.directory)).get(batch_id, []):
+            delete_file(self.fs, f"{self.directory}/{name}")
         delete_file(self.fs, self._path(batch_id, ".done"))
 
     def run(self) -> str | None:
@@ -63,6 +105,31 @@ class Journal:
     def start_run(self, token: str) -> None:
         """Driver, the first stream writer of a query run, once it has recovered."""
         write_atomically(self.fs, f"{self.directory}/run", token.encode())
+
+    def runs(self) -> dict[str, int]:
+        """Each recorded run's token and the epoch it took."""
+        found: dict[str, int] = {}
+        for name in list_names(self.fs, f"{self.directory}/runs"):
+            match = _RUN.fullmatch(name)
+            if match is not None:
+                found[match["token"]] = max(found.get(match["token"], 0), int(match["epoch"]))
+        return found
+
+    def record_epoch(self, token: str, epoch: int) -> None:
+        """Driver, the first stream writer of run ``token``, once the run has taken ``epoch``;
+        forgets all but the newest :data:`RUNS_KEPT` runs."""
+        write_atomically(self.fs, f"{self.directory}/runs/e{epoch}-{token}", b"")
+        runs = sorted(self.runs().items(), key=lambda run: run[1])
+        for old_token, old_epoch in runs[:-RUNS_KEPT]:
+            delete_file(self.fs, f"{self.directory}/runs/e{old_epoch}-{old_token}")
+
+    def epoch_of(self, token: str) -> int | None:
+        """The epoch run ``token`` took; None for a run that has not started (or was forgotten)."""
+        return self.runs().get(token)
+
+    def latest_epoch(self) -> int:
+        """The newest epoch any run of this sink took here (0 when none has)."""
+        return max(self.runs().values(), default=0)
 
     def sweep(self, before_batch: int) -> None:
         """Driver, in recovery: delete temporaries that killed writers left for batches before

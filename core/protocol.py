@@ -140,6 +140,19 @@ class Sink(ABC):
     protocol: ClassVar[str]
     guarantee: ClassVar[DeliveryGuarantee] = DeliveryGuarantee.EXACTLY_ONCE
     sink_id: str
+    epoch: int = 0
+    """The epoch of the query run this sink object acts for (:meth:`act_for`); 0: unfenced."""
+
+    def act_for(self, epoch: int) -> None:
+        """Engine: this object acts for the query run of ``epoch`` from now on."""
+        self.epoch = epoch
+
+    def take_epoch(self, floor: int) -> int:
+        """Driver, at a query run's start, before its recovery: a new epoch above ``floor`` (the
+        newest the journal knows) and above every epoch this sink gave before, recorded where the
+        sink commits so that the target refuses older runs from now on. The default records
+        nothing (a target whose own mechanism fences writers, such as Kafka's producer epochs)."""
+        return floor + 1
 
     @property
     def commits_in_task(self) -> bool:
@@ -213,7 +226,8 @@ class TwoPhaseCommitSink(Sink, Generic[TxnT]):
     @abstractmethod
     def begin_transaction(self, task: TaskInfo) -> TxnT:
         """Task: open a transaction named ``task.transaction_id``; first abort what earlier
-        attempts or runs left open for the same (sink, batch, partition)."""
+        attempts of this run, or older runs, left open for the same (sink, batch, partition),
+        never what a newer run left."""
 
     @abstractmethod
     def write(self, transaction: TxnT, batch: pa.RecordBatch) -> None:
@@ -244,7 +258,19 @@ class TwoPhaseCommitSink(Sink, Generic[TxnT]):
         """Recovery: abort what belongs to a checkpoint that never completed."""
         return self.abort(committable)
 
+    def committed_before(self, task: TaskInfo) -> bool:
+        """Task: whether the target holds a committed transaction of (sink, batch, partition)
+        already (another run committed the batch while this one replayed it). The default
+        cannot tell."""
+        return False
+
     def write_partition(self, task: TaskInfo, batches: Iterator[pa.RecordBatch]) -> list[Committable]:
+        if self.committed_before(task):
+            logger.warning("sink %s batch %s partition %s: committed by another run already; this attempt writes "
+                           "nothing", self.sink_id, task.batch_id, task.partition_id)
+            for _ in batches:
+                pass
+            return []
         transaction = self.begin_transaction(task)
         try:
             for batch in batches:

@@ -20,6 +20,7 @@ import tenacity
 from oncekit.core.errors import (
     AccessError,
     ConfigError,
+    FencedError,
     LeaseLostError,
     NonDeterministicReplayError,
     OncekitError,
@@ -126,8 +127,8 @@ def strategy_from_config(config: Mapping[str, Any]) -> RestartStrategy:
 # certificate, a pipeline that replays differently), or cannot start at all (a stuck query that
 # Spark still holds), so they stop at once. ConfigError is not among them: a broker still
 # starting can answer metadata without a topic that exists.
-UNRESTARTABLE: tuple[type[OncekitError], ...] = (AccessError, LeaseLostError, NonDeterministicReplayError, QueryStuckError,
-                                                 ReplayError)
+UNRESTARTABLE: tuple[type[OncekitError], ...] = (AccessError, FencedError, LeaseLostError, NonDeterministicReplayError,
+                                                 QueryStuckError, ReplayError)
 
 
 def restartable(error: BaseException) -> bool:

@@ -7,7 +7,9 @@ SparkSession, so the writer carries only the sink's configuration and the checkp
 and every step reaches the journal through storage.
 
 A query started by :func:`~oncekit.core.spark.query.start_query` carries a :class:`QueryRun` in
-its options: then only the first writer of the run preflights and recovers; later writers leave
+its options: then only the first writer of the run preflights, takes the run's epoch (the
+fencing token every task and driver-side act of the run carries) and recovers; a writer of a run
+that a newer one superseded raises FencedError; later writers leave
 checkpoint-complete notifications to the listener or to the run's server-side committer
 (:mod:`~oncekit.core.spark.committer`, for a query started from a Spark Connect client), or
 deliver them when there is neither. A query started with a plain ``format(...)`` has none, and
@@ -35,9 +37,9 @@ from pyspark.sql.types import StructType
 
 import oncekit
 
-from oncekit.core.engine import CheckpointEngine
+from oncekit.core.engine import CheckpointEngine, RecoveryReport
 from oncekit.core.spark import committer
-from oncekit.core.errors import ConfigError, TaskInputCutError
+from oncekit.core.errors import ConfigError, FencedError, TaskInputCutError
 from oncekit.core.fanout import FanOutConfig
 from oncekit.core.lease import require_held
 from oncekit.core.protocol import Committable, SinkConfig, TaskInfo
@@ -56,7 +58,6 @@ STRAGGLER_S = 3.0
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 
 _preflighted: set[tuple[str, str]] = set()
-_started_runs: set[tuple[str, str, str]] = set()
 
 # What the JVM writes to a Python worker right after a task's whole input (pyspark's
 # SpecialLengths.END_OF_STREAM, a big-endian int).
@@ -133,6 +134,7 @@ class EngineStreamWriter(DataSourceStreamArrowWriter):
 
     def __init__(self, config: SinkConfig, checkpoint: str, run: QueryRun) -> None:
         self.config, self.checkpoint, self.run = config, checkpoint, run
+        self.epoch = 0  # a plain format(...) query's runs take none: unfenced
         engine = self._engine()
         if run.token is None:  # a plain format(...) query: every writer recovers
             if (config.sink_id, checkpoint) not in _preflighted:
@@ -144,24 +146,31 @@ class EngineStreamWriter(DataSourceStreamArrowWriter):
         # Recovery mends what an earlier run left; within a run, checkpoint and abort keep the
         # journal and the sink in step. Recovering at every writer (two a batch) would cost a
         # scan a batch and race the listener's commit of the newest batch.
-        started = (config.sink_id, checkpoint, run.token)
-        if started not in _started_runs and engine.journal.run() != run.token:
+        runs = engine.journal.runs()
+        epoch = runs.get(run.token)
+        if epoch is None:  # the run's first writer
             refuse_other_version(config.sink_id, run.version)
             refuse_unchecked_input(config.sink_id, engine.sink.commits_in_task, pyspark.__version__)
             engine.preflight()
-            _recover(engine)
-            engine.journal.start_run(run.token)
+            _report(engine, engine.start_run(run.token))
+            self.epoch = engine.epoch
             if run.committer:
                 committer.start(config, checkpoint, run.token)
-        elif not run.notified:
+            return
+        self.epoch = engine.epoch = epoch
+        engine.sink.act_for(epoch)
+        latest = max(runs.values())
+        if latest > epoch:
+            raise FencedError(f"sink {config.sink_id}: query run {run.token} (epoch {epoch}) was superseded by epoch "
+                              f"{latest}: another driver took the query over, and this one stops")
+        if not run.notified:
             # No listener: the writer Spark creates before each batch is the checkpoint-complete
             # notification of the batch before, and it must reach the sink before the next
             # batch's tasks write (a prepared transaction holds the locks of its rows).
             engine.complete()
-        _started_runs.add(started)
 
     def _engine(self) -> CheckpointEngine:
-        return CheckpointEngine.of(self.config, self.checkpoint)
+        return CheckpointEngine.of(self.config, self.checkpoint, getattr(self, "epoch", 0))
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
         """Task: write this partition of the batch through the sink."""
@@ -173,7 +182,7 @@ class EngineStreamWriter(DataSourceStreamArrowWriter):
             raise ConfigError(f"sink {self.config.sink_id}: oncekit sinks run in streaming queries only")
         # taskAttemptId, unlike attemptNumber, differs between a killed task still finishing in the
         # background and the attempt that replaces it, so their transactions never share a name.
-        task = TaskInfo(self.config.sink_id, int(batch), context.partitionId(), context.taskAttemptId())
+        task = TaskInfo(self.config.sink_id, int(batch), context.partitionId(), context.taskAttemptId(), self.epoch)
         engine = self._engine()
         return EngineCommitMessage(engine.write_task(task, whole_input(iterator, task, engine.sink.commits_in_task)))
 
@@ -200,7 +209,10 @@ class EngineStreamWriter(DataSourceStreamArrowWriter):
 
 
 def _recover(engine: CheckpointEngine) -> None:
-    report = engine.recover()
+    _report(engine, engine.recover())
+
+
+def _report(engine: CheckpointEngine, report: RecoveryReport) -> None:
     if report.committed_batches:  # the usual catch-up of the previous batch
         logger.info("sink %s: committed completed batches %s", engine.sink.sink_id, report.committed_batches)
     if report.aborted_batches or report.aborted_leftovers:

@@ -35,7 +35,7 @@ from psycopg import sql
 
 from oncekit.connectors.postgres import check_server
 from oncekit.connectors.redact import redact_dsn
-from oncekit.core.errors import BadRecordError, ConfigError, OncekitError
+from oncekit.core.errors import BadRecordError, ConfigError, FencedError, OncekitError
 from oncekit.core.protocol import Sink, SinkOwner, TaskInfo
 from oncekit.sinks.postgres._csv import csv_for_copy
 from oncekit.sinks.postgres._pool import LOCK_TIMEOUT_S, POOL
@@ -49,7 +49,9 @@ FORMAT = "oncekit-postgres"
 MARKER_TABLE = "oncekit_markers"
 CHECKPOINT_TABLE = "oncekit_checkpoints"
 OWNER_TABLE = "oncekit_sinks"
-"""Per sink id, the query (id and checkpoint) that writes through it: :meth:`Sink.claim`."""
+"""Per sink id, the query (id and checkpoint) that writes through it (:meth:`Sink.claim`), and the
+epoch of its newest run (:meth:`PostgresSinkBase.take_epoch`): the fencing token that the
+committing transactions check."""
 ORDINAL = "oncekit_row"
 """The staging tables' extra column: a row's position in its COPY, which orders repeated keys."""
 
@@ -74,6 +76,23 @@ def identifier(name: str) -> sql.Identifier:
 def in_schema_of(table: str, other: str) -> str:
     """``other`` in the same schema as ``table``."""
     return f"{table.split('.', 1)[0]}.{other}" if "." in table else other
+
+
+def add_once(conn: psycopg.Connection[Any], table: str, what: str, exists: str, statement: sql.Composed) -> None:
+    """Driver, preflight (autocommit ``conn``): add ``what`` to the kit's table ``table`` (made by
+    an older kit) unless ``exists`` (a query with the table's name as its one parameter) finds it.
+    The change needs a lock that prepared transactions hold off until recovery finishes them,
+    which comes after the preflight: it waits 3 s at most, and is tried again at the next start."""
+    if conn.execute(exists, (table,)).fetchone() is not None:
+        return
+    try:
+        with conn.transaction():
+            conn.execute("SET LOCAL lock_timeout = '3s'")
+            conn.execute(statement)
+        logger.warning("table %s: %s added", table, what)
+    except psycopg.errors.LockNotAvailable:
+        logger.warning("table %s: %s not added yet (prepared transactions hold the table); tried again at the next "
+                       "start", table, what)
 
 
 def _digest(*parts: str) -> str:
@@ -331,7 +350,38 @@ class PostgresSinkBase(Sink):
         with self.connection(autocommit=True) as conn:
             row = conn.execute(sql.SQL("SELECT query_id, checkpoint FROM {} WHERE sink_id = %s").format(
                 identifier(in_schema_of(self.config.table, OWNER_TABLE))), (self.sink_id,)).fetchone()
-        return None if row is None else SinkOwner(row[0], row[1])
+        return None if row is None or not row[0] else SinkOwner(row[0], row[1])
+
+    def take_epoch(self, floor: int) -> int:
+        """Driver, at a run's start: raise the sink's row in ``oncekit_sinks`` to a new epoch
+        above ``floor`` and above its own, atomically. The row lock waits for committing
+        transactions of older runs that hold it (:meth:`check_epoch`); every later one sees
+        the new epoch and is refused."""
+        with self.connection(autocommit=True) as conn:
+            row = conn.execute(sql.SQL(
+                "INSERT INTO {table} AS s (sink_id, query_id, checkpoint, epoch) VALUES (%s, '', %s, %s) "
+                "ON CONFLICT (sink_id) DO UPDATE SET epoch = GREATEST(s.epoch, EXCLUDED.epoch - 1) + 1 RETURNING epoch"
+            ).format(table=identifier(in_schema_of(self.config.table, OWNER_TABLE))),
+                (self.sink_id, self.checkpoint, floor + 1)).fetchone()
+        assert row is not None, "INSERT ... RETURNING returns the row"
+        return int(row[0])
+
+    def check_epoch(self, conn: psycopg.Connection[Any], where: str, lock: bool) -> None:
+        """Inside a transaction that decides what a batch is: FencedError (the caller's
+        transaction then rolls back) when a newer run than this object's took the sink. With
+        ``lock``, the sink's row is share-locked until the transaction ends, so a newer run's
+        :meth:`take_epoch` waits for it: no older commit lands after the newer epoch. A prepared
+        transaction cannot hold that lock (the newer run's recovery must finish it first), so a
+        two-phase-commit task only reads; the marker's unique key per (sink, batch, partition)
+        keeps its batch from committing twice. Unfenced (epoch 0): nothing is checked."""
+        if not self.epoch:
+            return
+        row = conn.execute(sql.SQL("SELECT epoch FROM {} WHERE sink_id = %s{}").format(
+            identifier(in_schema_of(self.config.table, OWNER_TABLE)), sql.SQL(" FOR SHARE" if lock else "")),
+            (self.sink_id,)).fetchone()
+        if row is not None and int(row[0]) > self.epoch:
+            raise FencedError(f"{FORMAT} sink {self.sink_id} {where}: this run (epoch {self.epoch}) was superseded by "
+                              f"epoch {row[0]}: another driver took the query over; nothing of this is committed")
 
     def record_owner(self, owner: SinkOwner) -> None:
         with self.connection(autocommit=True) as conn:
@@ -366,9 +416,12 @@ class PostgresSinkBase(Sink):
 
     def _create_tables(self, conn: psycopg.Connection[Any]) -> None:
 
+        owners = in_schema_of(self.config.table, OWNER_TABLE)
         conn.execute(sql.SQL(
             "CREATE TABLE IF NOT EXISTS {} (sink_id text PRIMARY KEY, query_id text NOT NULL, checkpoint text NOT NULL, "
-            "claimed_at timestamptz NOT NULL DEFAULT now())").format(identifier(in_schema_of(self.config.table, OWNER_TABLE))))
+            "claimed_at timestamptz NOT NULL DEFAULT now(), epoch bigint NOT NULL DEFAULT 0)").format(identifier(owners)))
+        add_once(conn, owners, "epoch column", "SELECT 1 FROM pg_attribute WHERE attrelid = %s::regclass AND attname = 'epoch'",
+                 sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS epoch bigint NOT NULL DEFAULT 0").format(identifier(owners)))
         if self.config.dead_letter_table:
             conn.execute(sql.SQL(
                 "CREATE TABLE IF NOT EXISTS {} (sink_id text NOT NULL, batch_id bigint NOT NULL, partition_id int NOT NULL, "

@@ -18,14 +18,28 @@ from oncekit.connectors.postgres import prepared_transactions
 from oncekit.core.errors import CommitError, ConfigError
 from oncekit.core.names import TransactionId
 from oncekit.core.protocol import CommitOutcome, Committable, TaskInfo, TwoPhaseCommitSink
-from oncekit.sinks.postgres._common import FORMAT, MARKER_TABLE, PostgresSinkBase, TableWriter, identifier, in_schema_of
+from oncekit.sinks.postgres._common import (
+    FORMAT,
+    MARKER_TABLE,
+    PostgresSinkBase,
+    TableWriter,
+    add_once,
+    identifier,
+    in_schema_of,
+)
 
 logger = logging.getLogger(__name__)
+
+MARKER_INDEX = f"{MARKER_TABLE}_batch_partition"
+"""The marker table's unique index on (sink_id, batch_id, partition_id)."""
 
 
 class PostgresTwoPhaseCommitSink(PostgresSinkBase, TwoPhaseCommitSink["_PreparedTransaction"]):
     """Tasks prepare, the driver commits prepared. A marker row in each prepared transaction tells
-    "committed" from "rolled back" once the id has left ``pg_prepared_xacts``."""
+    "committed" from "rolled back" once the id has left ``pg_prepared_xacts``; its unique key per
+    (sink, batch, partition) lets at most one transaction of a batch's partition commit, whichever
+    run prepared it (two drivers on one checkpoint), and a second one waits for the first to
+    finish (a lock wait that gives up after the pool's lock timeout) before it can prepare."""
 
     def preflight(self, resumed: bool = False) -> None:
         with self.connection(autocommit=True) as conn:
@@ -42,6 +56,18 @@ class PostgresTwoPhaseCommitSink(PostgresSinkBase, TwoPhaseCommitSink["_Prepared
             "CREATE TABLE IF NOT EXISTS {} (transaction_id text PRIMARY KEY, sink_id text NOT NULL, batch_id bigint NOT NULL, "
             "partition_id int NOT NULL, attempt bigint NOT NULL, rows bigint NOT NULL, prepared_at timestamptz NOT NULL DEFAULT now())"
         ).format(markers))
+        index = in_schema_of(self.config.table, MARKER_INDEX)
+        try:
+            add_once(conn, index, "unique index on (sink_id, batch_id, partition_id)",
+                     "SELECT 1 WHERE to_regclass(%s) IS NOT NULL",
+                     sql.SQL("CREATE UNIQUE INDEX IF NOT EXISTS {} ON {} (sink_id, batch_id, partition_id)").format(
+                         sql.Identifier(MARKER_INDEX), markers))
+        except psycopg.errors.UniqueViolation as exc:
+            raise ConfigError(
+                f"{FORMAT} sink {self.sink_id}: marker table {in_schema_of(self.config.table, MARKER_TABLE)} records two "
+                f"committed transactions of one batch's partition ({exc.diag.message_detail or exc}): that output was "
+                "committed twice by two drivers on one checkpoint before this kit version fenced them. Remove the "
+                "duplicate rows from the target and the extra marker row, then start again") from exc
         if not self._attempt_is_bigint(conn):
             self._migrate_attempt(conn, markers)
 
@@ -74,10 +100,21 @@ class PostgresTwoPhaseCommitSink(PostgresSinkBase, TwoPhaseCommitSink["_Prepared
                            "to bigint waits for prepared transactions to finish and is tried at the next start",
                            self.sink_id, table)
 
+    def committed_before(self, task: TaskInfo) -> bool:
+        """Whether a committed marker of (sink, batch, partition) is visible: another run
+        committed this partition of the batch (markers of forgotten batches are gone, and Spark
+        never runs those again)."""
+        with self.connection(autocommit=True) as conn:
+            row = conn.execute(sql.SQL("SELECT 1 FROM {} WHERE sink_id = %s AND batch_id = %s AND partition_id = %s").format(
+                identifier(in_schema_of(self.config.table, MARKER_TABLE))),
+                (self.sink_id, task.batch_id, task.partition_id)).fetchone()
+        return row is not None
+
     def begin_transaction(self, task: TaskInfo) -> _PreparedTransaction:
         conn = self.take_connection(autocommit=True)
         try:
-            stale = [c for c in self.leftovers([task.batch_id], conn) if c.partition_id == task.partition_id]
+            stale = [c for c in self.leftovers([task.batch_id], conn)
+                     if c.partition_id == task.partition_id and (not task.epoch or c.epoch <= task.epoch)]
             for committable in stale:  # an earlier attempt or run; Spark re-runs the batch, so it never completed
                 logger.info("sink %s batch %s partition %s txn %s: aborting stale attempt", self.sink_id,
                             task.batch_id, task.partition_id, committable.transaction_id)
@@ -101,6 +138,7 @@ class PostgresTwoPhaseCommitSink(PostgresSinkBase, TwoPhaseCommitSink["_Prepared
         task, conn = transaction.task, transaction.conn
         try:
             rows = transaction.writer.finish()
+            self.check_epoch(conn, f"batch {task.batch_id} partition {task.partition_id}", lock=False)
             attempt = task.attempt if task.attempt < 2**31 or self._attempt_is_bigint(conn) else task.attempt % 2**31
             conn.execute(
                 sql.SQL("INSERT INTO {} (transaction_id, sink_id, batch_id, partition_id, attempt, rows) "

@@ -42,6 +42,9 @@ class PostgresWriteAheadSink(PostgresSinkBase, WriteAheadSink):
         with self.connection(autocommit=True) as conn:
             staging = self.temporary_staging(conn)
             conn.autocommit = False
+            # Fenced first: a newer run's epoch refuses this send; the share lock holds the newer
+            # run's take_epoch off until this transaction ends.
+            self.check_epoch(conn, f"batch {batch_id}", lock=True)
             # Recording first takes the row lock: a concurrent notification waits here, then
             # finds the row and writes nothing.
             recorded = conn.execute(

@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from oncekit.core.engine import CheckpointEngine
-from oncekit.core.errors import OncekitError
+from oncekit.core.errors import FencedError, OncekitError
 from oncekit.core.protocol import TaskInfo
 from oncekit.sinks.postgres import postgres_sink
 from tests.integration.test_postgres_recovery import rows, spark_logged
@@ -91,4 +91,58 @@ def test_postgres_two_phase_commit_a_batch_already_committed_is_never_committed_
     new.complete()
 
     assert table_ids(postgres_dsn, unique_name) == collections.Counter([1, 2])
+    assert prepared(postgres_dsn) == []
+
+
+def started_runs(dsn: str, table: str, checkpoint: Path, protocol: str) -> tuple[CheckpointEngine, CheckpointEngine]:
+    """Two runs that each took their epoch from the sink (:meth:`CheckpointEngine.start_run`):
+    the old one first, then the one that took over."""
+    old, new = engines(dsn, table, checkpoint, protocol)
+    old.start_run("old")
+    new.start_run("new")
+    assert (old.epoch, new.epoch) == (1, 2)
+    return old, new
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_postgres_an_older_run_is_refused_by_the_sink_once_a_newer_run_took_its_epoch(
+    postgres_dsn: str, unique_name: str, tmp_path: Path, protocol: str,
+) -> None:
+    """Fencing at the target, not by timing: the old run's task pre-commit (two-phase commit) or
+    the old run's send of a completed batch (write-ahead log), both after the newer run took
+    the sink's epoch, are refused by PostgreSQL's row, with FencedError naming sink, batch and
+    epochs; nothing of the old run is committed or left prepared."""
+    old, new = started_runs(postgres_dsn, unique_name, tmp_path, protocol)
+    sink_id = old.sink.sink_id
+    spark_logged(tmp_path, planned=[0], committed=[])
+    if protocol == "two-phase-commit":
+        with pytest.raises(FencedError, match=rf"sink {sink_id} batch 0 partition 0: this run \(epoch 1\) was superseded by epoch 2"):
+            old.write_task(TaskInfo(sink_id, 0, 0, 3, epoch=1), iter([rows([1, 2])]))
+    else:
+        staged = old.write_task(TaskInfo(sink_id, 0, 0, 3, epoch=1), iter([rows([1, 2])]))
+        old.journal.write(0, staged, epoch=1)  # as the old driver's commit did before it was paused
+        spark_logged(tmp_path, planned=[0], committed=[0])
+        with pytest.raises(FencedError, match=rf"sink {sink_id} batch 0: this run \(epoch 1\) was superseded by epoch 2"):
+            old.complete()
+    assert table_ids(postgres_dsn, unique_name) == collections.Counter()
+    assert prepared(postgres_dsn) == []
+
+
+def test_a_superseded_runs_recovery_and_journal_writes_are_refused(
+    postgres_dsn: str, unique_name: str, tmp_path: Path,
+) -> None:
+    """The old run wakes up and recovers (its driver restarted its query) or journals a batch
+    after the newer run prepared: refused with FencedError before it touches anything."""
+    old, new = started_runs(postgres_dsn, unique_name, tmp_path, "two-phase-commit")
+    sink_id = new.sink.sink_id
+    spark_logged(tmp_path, planned=[0], committed=[])
+    replayed = new.write_task(TaskInfo(sink_id, 0, 0, 0, epoch=2), iter([rows([5])]))
+    with pytest.raises(FencedError, match=r"this run \(epoch 1\) was superseded"):
+        old.recover()
+    with pytest.raises(FencedError, match=r"batch 0: this run \(epoch 1\) was superseded by epoch 2"):
+        old.checkpoint(0, [])
+    new.checkpoint(0, replayed)
+    spark_logged(tmp_path, planned=[0], committed=[0])
+    new.complete()
+    assert table_ids(postgres_dsn, unique_name) == collections.Counter([5])
     assert prepared(postgres_dsn) == []
