@@ -1,25 +1,39 @@
-"""The wheel holds the oncekit packages and py.typed, and nothing else of the repository."""
+"""The wheel holds the oncekit packages and py.typed, and nothing else of the repository; a plain
+install pulls only the library's clients, the rest is in extras."""
 
 from __future__ import annotations
 
+import email
 import shutil
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+import oncekit
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_wheel_holds_only_oncekit_packages(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # Build from a copy: setuptools leaves build/ and *.egg-info beside the sources.
+    tmp_path = tmp_path_factory.mktemp("wheel")
     source = tmp_path / "src"
     shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".venv", ".oncekit", ".git", "target", "__pycache__"))
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(source)],
         check=True,
     )
-    (wheel,) = tmp_path.glob("oncekit-*.whl")
+    (built,) = tmp_path.glob("oncekit-*.whl")
+    return built
+
+
+def test_wheel_holds_only_oncekit_packages(wheel: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     top = {name.split("/")[0] for name in names}
     assert top == {"oncekit", wheel.name.split("-py")[0] + ".dist-info"}
@@ -34,3 +48,30 @@ def test_wheel_holds_only_oncekit_packages(tmp_path: Path) -> None:
             "oncekit/status/static/uplot/uPlot.iife.min.js", "oncekit/status/static/uplot/uPlot.min.css",
             "oncekit/status/static/uplot/LICENSE"} <= set(names)
     assert not [n for n in names if "tests" in n or "docker" in n.split("/")[1:2] or n.endswith((".yml", ".sh", ".xml"))]
+
+
+def test_wheel_metadata_keeps_spark_and_tools_in_extras(wheel: Path) -> None:
+    archive = zipfile.ZipFile(wheel)
+    dist_info = wheel.name.split("-py")[0] + ".dist-info"
+    metadata = email.message_from_bytes(archive.read(f"{dist_info}/METADATA"))
+    requirements = [Requirement(line) for line in metadata.get_all("Requires-Dist", [])]
+    # A user's job environment gets these only by asking: pyspark is the cluster's, the rest serve
+    # the status page, the services backends, Spark Connect and the tests.
+    core = {canonicalize_name(r.name) for r in requirements if r.marker is None or "extra" not in str(r.marker)}
+    assert not core & {"pyspark", "testcontainers", "docker", "starlette", "uvicorn", "prometheus-client", "grpcio",
+                       "pandas", "pytest", "playwright"}
+    assert {"spark", "connect", "status", "services", "dev"} <= set(metadata.get_all("Provides-Extra", []))
+    # make install's dev extra installs every other extra but bench (which has a venv of its own)
+    (everything,) = [r for r in requirements if canonicalize_name(r.name) == "oncekit"]
+    assert everything.extras == {"spark", "connect", "status", "services"}
+    assert str(everything.marker) == 'extra == "dev"'
+    assert metadata["Version"] == oncekit.__version__
+    assert wheel.name.startswith(f"oncekit-{oncekit.__version__}-")
+    assert archive.read(f"{dist_info}/licenses/LICENSE") == (ROOT / "LICENSE").read_bytes()
+    assert metadata["License-Expression"] == "Apache-2.0"
+
+
+def test_no_wheel_is_committed_at_the_root() -> None:
+    committed = subprocess.run(["git", "ls-files", "--", ":(glob)*.whl"], cwd=ROOT, capture_output=True, text=True,
+                               check=True).stdout.split()
+    assert committed == []
