@@ -59,11 +59,11 @@ def _spark() -> Check:
     try:
         import pyspark
     except ImportError:
-        return Check("spark", FAIL, "pyspark is not installed", "pip install 'pyspark>=4.2,<5'")
+        return Check("spark", FAIL, "pyspark is not installed", "pip install 'oncekit[spark]'")
     version = pyspark.__version__
     major, minor = (int(p) for p in version.split(".")[:2])
     if (major, minor) < (4, 1):
-        return Check("spark", FAIL, f"PySpark {version}; transformWithState needs 4.1 or newer", "pip install 'pyspark>=4.2,<5'")
+        return Check("spark", FAIL, f"PySpark {version}; transformWithState needs 4.1 or newer", "pip install 'oncekit[spark]'")
     missing = [m for m in ("google.protobuf", "grpc") if importlib.util.find_spec(m) is None]
     if missing:
         return Check("spark", FAIL, f"PySpark {version}, but {', '.join(missing)} missing (transformWithState needs them)",
