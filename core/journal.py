@@ -80,6 +80,20 @@ class Journal:
         entries = self._entries_of(list_names(self.fs, self.directory)).get(batch_id)
         return max(entries)[0] if entries else 0
 
+    @staticmethod
+    def stamps(times: dict[str, float]) -> tuple[dict[int, float], dict[int, float]]:
+        """From the journal folder's file names and times (the status page's listing): per
+        batch, when its newest entry was written, and when it was marked done."""
+        written: dict[int, tuple[int, float]] = {}
+        for name, stamp in times.items():
+            match = _ENTRY.fullmatch(name)
+            if match is not None:
+                batch, epoch = int(match["batch"]), int(match["epoch"] or 0)
+                if batch not in written or epoch >= written[batch][0]:
+                    written[batch] = (epoch, stamp)
+        done = {b: times[f"{b}.done"] for b in batch_ids(times, ".done")}
+        return {b: stamp for b, (_, stamp) in written.items()}, done
+
     def entries(self) -> tuple[set[int], set[int]]:
         """(journaled batch ids, the ones of them marked done)."""
         names = list_names(self.fs, self.directory)

@@ -1,7 +1,7 @@
 """Staged rows of the write-ahead-log protocol: Arrow IPC files under the checkpoint.
 
 ``<checkpoint>/oncekit/<sink>/staged/`` + :class:`~oncekit.core.names.StagedFile`
-(``<batch>/<partition>-<attempt>.arrow``), each written atomically by one task attempt, read by
+(``<batch>/<partition>-<attempt>-e<epoch>.arrow``), each written atomically by one task attempt, read by
 whichever process publishes the batch once its checkpoint is complete, and deleted after that
 (or when the batch is aborted).
 """

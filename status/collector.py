@@ -205,10 +205,9 @@ class StatusCollector:
             if "journal" not in list_names(log.fs, f"{log.root}/oncekit/{sink_id}"):
                 continue
             journal = Journal(watched.checkpoint, sink_id)
-            times = _mtimes(journal.fs, journal.directory)
-            journaled, done = batch_ids(times, ".json"), batch_ids(times, ".done")
-            for batch_id in done:
-                stamp = times[f"{batch_id}.done"]
+            written, done_at = Journal.stamps(_mtimes(journal.fs, journal.directory))
+            journaled, done = set(written), set(done_at)
+            for batch_id, stamp in done_at.items():
                 committed_at[batch_id] = max(committed_at.get(batch_id, 0.0), stamp)
             targets: dict[str, list[Any]] = {}
             for batch_id in sorted(journaled & done):
@@ -231,9 +230,9 @@ class StatusCollector:
                     targets.setdefault(committable.sink_id, [])
                     waiting.setdefault(committable.sink_id, []).append(committable)
                 behind = (last_planned - batch_id) if last_planned is not None else 0
-                pending.append(PendingBatch(batch_id, max(0.0, now - times[f"{batch_id}.json"]), batch_id in completed,
+                pending.append(PendingBatch(batch_id, max(0.0, now - written[batch_id]), batch_id in completed,
                                             behind, len(committables), behind >= self.thresholds.uncommitted_triggers))
-            self._observe_aborts(cache, sink_id, {b: times[f"{b}.json"] for b in journaled - done}, done, now)
+            self._observe_aborts(cache, sink_id, {b: written[b] for b in journaled - done}, done, now)
             if watched.protocols.get(sink_id) == "fan-out":
                 for target in watched.protocols:
                     if target != sink_id:
@@ -244,7 +243,7 @@ class StatusCollector:
             protocol = watched.protocols.get(sink_id) or (
                 "fan-out" if target_status
                 else _protocol_of(targets.get(sink_id, []) + waiting.get(sink_id, [])) or "commits in the task")
-            latencies = [times[f"{b}.done"] - cache.completed_at[b] for b in sorted(done)[-1:] if b in cache.completed_at]
+            latencies = [done_at[b] - cache.completed_at[b] for b in sorted(done)[-1:] if b in cache.completed_at]
             out.append(SinkStatus(
                 sink_id, protocol, target_status, len(journaled), len(journaled & done),
                 max(journaled & done) if journaled & done else None,

@@ -277,3 +277,44 @@ def test_a_query_started_by_another_version_of_the_kit_is_refused_by_the_writer(
         spark_writer.EngineStreamWriter(config, str(tmp_path), spark_writer.QueryRun("run-1", version="0.0.9"))
     assert engine.journal.run() is None  # refused before recovery or the run's start
     spark_writer.EngineStreamWriter(config, str(tmp_path), spark_writer.QueryRun.started(listener=True))
+
+
+def test_journal_keeps_each_runs_entry_reads_the_newest_and_never_reopens_a_done_batch(tmp_path: Path) -> None:
+    """A run paused past its lease that journals late writes its own file, which readers pass
+    over for a newer run's (issue 33)."""
+    from oncekit.core.errors import CommitError
+
+    journal = Journal(str(tmp_path), "s")
+    journal.write(4, [Committable("s", 4, 0, 0, 5, transaction_id="newer", epoch=3)], epoch=3)
+    journal.write(4, [Committable("s", 4, 0, 7, 5, transaction_id="older", epoch=2)], epoch=2)  # the late one
+    assert [c.transaction_id for c in journal.read(4)] == ["newer"] and journal.epoch_of_entry(4) == 3
+    assert journal.entries() == ({4}, set())
+    written, done = Journal.stamps({"4.e2.json": 1.0, "4.e3.json": 2.0, "5.json": 3.0, "5.done": 4.0, "run": 0.0})
+    assert written == {4: 2.0, 5: 3.0} and done == {5: 4.0}
+    journal.mark_done(4)
+    with pytest.raises(CommitError, match="sink s batch 4: already committed"):
+        journal.write(4, [], epoch=4)
+    journal.delete(4)
+    assert journal.entries() == (set(), set())
+
+
+def test_journal_records_each_runs_epoch_and_forgets_all_but_the_newest(tmp_path: Path) -> None:
+    from oncekit.core.journal import RUNS_KEPT
+
+    journal = Journal(str(tmp_path), "s")
+    assert journal.latest_epoch() == 0 and journal.epoch_of("a") is None
+    for epoch in range(1, RUNS_KEPT + 3):
+        journal.record_epoch(f"run{epoch}", epoch)
+    assert journal.latest_epoch() == RUNS_KEPT + 2 and journal.epoch_of("run5") == 5
+    assert journal.epoch_of("run1") is None and len(journal.runs()) == RUNS_KEPT
+
+
+def test_names_carry_the_runs_epoch_and_old_names_parse_as_epoch_0() -> None:
+    from oncekit.core.names import StagedFile, TransactionId
+
+    assert str(TaskInfo("s", 1, 2, 3, epoch=4).transaction_id) == "oncekit:s:1:2:3:e4"
+    assert TransactionId.parse("oncekit:s:1:2:3:e4") == TransactionId("s", 1, 2, 3, 4)
+    assert TransactionId.parse("oncekit:s:1:2:3") == TransactionId("s", 1, 2, 3, 0)
+    assert TaskInfo("s", 1, 2, 3, epoch=4).staged_file == "1/2-3-e4.arrow"
+    assert StagedFile.parse("1/2-3-e4.arrow") == StagedFile(1, 2, 3, 4)
+    assert StagedFile.parse("1/2-3.arrow") == StagedFile(1, 2, 3, 0)
