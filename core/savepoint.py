@@ -227,7 +227,8 @@ REPLAY_AFTER_RESTORE = {
     "not published again, other records are refused (NonDeterministicReplayError), older batches are refused (ReplayError)",
     ("oncekit-postgres", "write-ahead-log"): "not written again while the sink's checkpoint table records them (as "
     "long as Spark keeps their commit files, 100 batches by default), written again after that; not compared",
-    ("oncekit-postgres", "two-phase-commit"): "written again",
+    ("oncekit-postgres", "two-phase-commit"): "not written again while the marker table records their partitions (as "
+    "long as Spark keeps their commit files, 100 batches by default), written again after that; not compared",
     ("oncekit-postgres", "idempotent"): "written again in place: the same keys, the same rows",
 }
 """What happens to the batches a sink wrote after a savepoint's last batch when the restored
