@@ -4,6 +4,8 @@ compares the table with the input as multisets."""
 
 from __future__ import annotations
 
+import time
+
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +99,11 @@ def test_listener_delivers_every_batch_and_the_termination_to_the_sink(
                         trigger={"availableNow": True})
     assert query.await_termination(timeout=240)
     query_id = str(query.id)
+    # Spark's listener bus delivers the termination on its own thread: await_termination waits
+    # for it only while a completed batch is still uncommitted, and here none was.
+    deadline = time.monotonic() + 30
+    while query.watcher is not None and not query.watcher.terminated(query_id) and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert query.watcher is not None and query.watcher.terminated(query_id)
     batches = [up_to for notified_id, up_to in notified if notified_id == query_id]
     assert [b for b in batches if b is not None] == list(range(len(query.recentProgress)))
