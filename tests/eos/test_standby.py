@@ -5,9 +5,7 @@ lease another run took stops its query and journals nothing more."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -37,6 +35,18 @@ PROGRESS_S = 120.0
 LEASE_EXPIRY_S = 15.0
 
 
+def progress(kafka: KafkaConfig, topic: str, expected: list[int], output: KafkaOutput, after: str, logs: Path) -> None:
+    """More input (appended to ``expected``); all of it so far committed within PROGRESS_S, else a
+    stall named by step."""
+    expected.extend(produce_input(kafka, topic, CHUNK, first=len(expected)))
+    deadline = time.monotonic() + PROGRESS_S
+    while len(output.read()) < len(expected):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"stall after {after}: {len(output.read())} of {len(expected)} records committed "
+                                 f"after {PROGRESS_S:.0f} s; driver logs in {logs}")
+        time.sleep(0.5)
+
+
 def test_standby_campaign_ends_exactly_once_with_progress_after_every_fault(
     kafka: KafkaConfig, topic: str, tmp_path: Path, crash_dir: Path,
 ) -> None:
@@ -61,44 +71,37 @@ def test_standby_campaign_ends_exactly_once_with_progress_after_every_fault(
             started.wait_step("query", PROGRESS_S)
         return started
 
-    def progress(after: str, output: KafkaOutput) -> None:
-        """More input; all of it so far committed within PROGRESS_S, else a stall named by step."""
-        expected.extend(produce_input(kafka, topic, CHUNK, first=len(expected)))
-        deadline = time.monotonic() + PROGRESS_S
-        while len(output.read()) < len(expected):
-            if time.monotonic() > deadline:
-                raise AssertionError(f"stall after {after}: {len(output.read())} of {len(expected)} records committed "
-                                     f"after {PROGRESS_S:.0f} s; driver logs in {tmp_path}")
-            time.sleep(0.5)
+    def step(after: str, output: KafkaOutput) -> None:
+        progress(kafka, topic, expected, output, after, tmp_path)
 
     try:
         with KafkaOutput(kafka, out) as output:
             # Each new standby warms up while the step after its start runs.
             active, standby = driver(False), driver(True)
-            progress("the start", output)
+            step("the start", output)
             standby.wait_step("warm", PROGRESS_S)
             standby.kill()
             standby = driver(True)
-            progress("kill -9 of the standby", output)
+            step("kill -9 of the standby", output)
             standby.wait_step("warm", PROGRESS_S)
             active.kill()
             active, standby = standby, driver(True)
-            progress("kill -9 of the active driver (the standby took over)", output)
+            step("kill -9 of the active driver (the standby took over)", output)
             standby.wait_step("warm", PROGRESS_S)
             active.kill()
             standby.kill()
             active, standby = driver(False), driver(True)  # a supervisor starts both again
-            progress("kill -9 of the active driver and then of the standby", output)
+            step("kill -9 of the active driver and then of the standby", output)
             standby.wait_step("warm", PROGRESS_S)
             active.pause()
             paused = time.monotonic()
-            progress("the active driver paused past its lease's expiry (the standby took over)", output)
+            step("the active driver paused past its lease's expiry (the standby took over)", output)
             assert time.monotonic() - paused > LEASE_EXPIRY_S, "the standby took over from a live lease"
             active.resume()
             assert active.process is not None
             active.process.wait(timeout=60)  # it found its lease taken and stopped: LeaseLostError
             assert "lease is held by another driver" in active.log.read_text()
-            progress("the paused driver resumed and stopped", output)
+            step("the paused driver resumed and stopped", output)
         for running in drivers:
             running.stop()
     finally:
@@ -123,14 +126,8 @@ def test_a_transient_query_failure_with_a_standby_waiting_restarts_in_place(
     standby = DriverProcess("kafka-transactional", ctx, str(crash_dir), tmp_path / "standby.log", env, standby=True)
     expected: list[int] = []
 
-    def progress(after: str, output: KafkaOutput) -> None:
-        expected.extend(produce_input(kafka, topic, CHUNK, first=len(expected)))
-        deadline = time.monotonic() + PROGRESS_S
-        while len(output.read()) < len(expected):
-            if time.monotonic() > deadline:
-                raise AssertionError(f"stall after {after}: {len(output.read())} of {len(expected)} records committed "
-                                     f"after {PROGRESS_S:.0f} s; driver logs in {tmp_path}")
-            time.sleep(0.5)
+    def step(after: str, output: KafkaOutput) -> None:
+        progress(kafka, topic, expected, output, after, tmp_path)
 
     try:
         with KafkaOutput(kafka, out) as output:
@@ -138,16 +135,16 @@ def test_a_transient_query_failure_with_a_standby_waiting_restarts_in_place(
             active.wait_step("query", PROGRESS_S)
             standby.ensure_running()
             standby.wait_step("warm", PROGRESS_S)
-            progress("the start", output)
+            step("the start", output)
             arm(crash_dir, "task_before_write")
-            progress("a task's worker died once", output)
+            step("a task's worker died once", output)
             assert fired(crash_dir) == ["task_before_write"]
             restarts = Path(ctx.checkpoint + ".restarts").read_text().splitlines()
             assert len(restarts) == 1, f"the active driver restarted its query {len(restarts)} times: {restarts}"
             assert active.process is not None and active.process.poll() is None, "the active driver ended"
             took_over = [e for e in Timeline(ctx.checkpoint).read() if e["step"] == "takeover"]
             assert not took_over, "the standby took over from a driver that only restarted its query"
-            progress("the restart in place", output)
+            step("the restart in place", output)
         active.stop()
     finally:
         active.kill()
