@@ -49,8 +49,13 @@ class Journal:
     def write(self, batch_id: int, committables: Sequence[Committable], epoch: int = 0) -> None:
         """Driver, in the stream writer's commit: record the batch's committables before Spark
         logs the batch as committed, in the entry of the run of ``epoch``. A batch marked done
-        is never reopened (CommitError): another run committed it."""
+        is never reopened: a replay of it that holds nothing open (its sink found it committed)
+        journals nothing; one that pre-committed anything is refused (CommitError), so the batch
+        fails and its pre-commits are aborted."""
         if self.fs.get_file_info(self._path(batch_id, ".done")).is_file:
+            if not committables:
+                logger.info("sink %s batch %s: committed before; the replay holds nothing open", self.sink_id, batch_id)
+                return
             raise CommitError(f"sink {self.sink_id} batch {batch_id}: already committed (the journal marks it done), "
                               "by another run of this query; this run journals nothing for it")
         payload = {"sink_id": self.sink_id, "batch_id": batch_id, "epoch": epoch,

@@ -286,10 +286,11 @@ class ReferencePipeline:
         return self.active
 
     def stop(self) -> None:
-        """Stop every running query; each stop commits what completed checkpoints hold."""
+        """Stop every running query; each stop commits what completed checkpoints hold, and a
+        query that did not fail gives up its lease (a failed one keeps it for its restart)."""
         for query in self.active:
             try:
-                if query.isActive:
+                if query.isActive or query.exception() is None:
                     query.stop()
                 else:
                     query.complete()
@@ -340,7 +341,7 @@ class ReferencePipeline:
         for query in self.active:
             while query.isActive and query.status.get("isTriggerActive") and time.monotonic() < deadline:
                 time.sleep(0.1)
-            if query.isActive:
+            if query.isActive or query.exception() is None:
                 query.stop()
             else:
                 query.complete()

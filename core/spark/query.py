@@ -48,6 +48,8 @@ BATCH_TIMEOUT_CONF = "spark.oncekit.batchTimeoutSeconds"
 """The session setting that gives every query started from it its batch deadline (seconds)."""
 DEFAULT_BATCH_TIMEOUT_S = 300.0
 DEFAULT_BATCH_TIMEOUT_TRIGGERS = 10
+ACTIVE_POLL_S = 1.0
+"""How often the batch watchdog asks whether its query is still active."""
 STOP_S = 120.0
 """How long a stalled query may take to stop before the driver process is declared stuck."""
 
@@ -162,12 +164,30 @@ class BatchWatchdog:
         self._done.set()
 
     def _watch(self) -> None:
-        # The lease is the LeaseKeeper's: kept through a restart, released once the query
-        # stopped for good (OncekitQuery.stop, await_termination, or supervise giving up).
+        # The lease is the LeaseKeeper's: kept for a restart when the query failed, released
+        # when it ended by itself (availableNow drained it, or Spark's own stop), else left to
+        # OncekitQuery's stop or await_termination (which closed this watchdog).
         try:
             self._watch_batches(QueryLease(self.checkpoint))
         finally:
-            keeper(self.checkpoint).idle()
+            if not self._done.is_set():
+                self._ended()
+
+    def _ended(self) -> None:
+        kept = keeper(self.checkpoint)
+        try:
+            failed = self.stall is not None or self.query.exception() is not None
+        except Exception:  # noqa: BLE001 - the session went away: keep the lease for a restart
+            failed = True
+        if isinstance(self.stall, LeaseLostError):
+            return
+        if failed:
+            kept.idle()
+            return
+        try:
+            kept.release()
+        except OSError as exc:
+            logger.warning("query %s: could not release its lease: %s", self.name, exc)
 
     def _watch_batches(self, lease: QueryLease) -> None:
         log = SparkLog(self.checkpoint)
@@ -175,7 +195,7 @@ class BatchWatchdog:
         every = min(max(self.timeout_s / 10, 0.5), RENEW_S)
         pending: tuple[int, float] | None = None  # (planned, not committed batch; when first seen so)
         threadless = 0
-        while not self._done.wait(every):
+        while not self._closed_or_ended(every):
             try:
                 if not self.query.isActive:
                     return
@@ -205,6 +225,20 @@ class BatchWatchdog:
                 self._stalled(planned, waited, f"query {self.name} batch {planned}: planned and not committed "
                                                f"after {waited:.0f} s (batch timeout {self.timeout_s:.0f} s)")
                 return
+
+    def _closed_or_ended(self, seconds: float) -> bool:
+        """Wait ``seconds``; True as soon as the watchdog is closed or the query ended (looked at
+        every :data:`ACTIVE_POLL_S`, so a query that ended by itself gives its lease up at once)."""
+        deadline = time.monotonic() + seconds
+        while not self._done.wait(max(0.0, min(ACTIVE_POLL_S, deadline - time.monotonic()))):
+            try:
+                if not self.query.isActive:
+                    return True
+            except Exception:  # noqa: BLE001 - the session going away: the loop's own look decides
+                return False
+            if time.monotonic() >= deadline:
+                return False
+        return True
 
     def _lost(self, holder: str) -> None:
         self.stall = self._lease_lost(holder)

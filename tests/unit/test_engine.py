@@ -293,7 +293,9 @@ def test_journal_keeps_each_runs_entry_reads_the_newest_and_never_reopens_a_done
     assert written == {4: 2.0, 5: 3.0} and done == {5: 4.0}
     journal.mark_done(4)
     with pytest.raises(CommitError, match="sink s batch 4: already committed"):
-        journal.write(4, [], epoch=4)
+        journal.write(4, [Committable("s", 4, 0, 0, 5, transaction_id="again", epoch=4)], epoch=4)
+    journal.write(4, [], epoch=4)  # a replay its sink found committed: nothing to reopen
+    assert [c.transaction_id for c in journal.read(4)] == ["newer"] and journal.entries() == ({4}, {4})
     journal.delete(4)
     assert journal.entries() == (set(), set())
 
