@@ -27,6 +27,7 @@ import oncekit
 from oncekit.core.deadline import bounded
 from oncekit.core.engine import CheckpointEngine
 from oncekit.core.errors import ConfigError, LeaseLostError, OncekitError, QueryStuckError, StallError
+from oncekit.core.journal import Journal
 from oncekit.core.lease import EXPIRES_S, RENEW_S, QueryLease, keeper
 from oncekit.core.protocol import SinkConfig
 from oncekit.core.spark.plan import refuse_changed_replay
@@ -71,20 +72,24 @@ class CheckpointListener:
         implements = ["org.apache.spark.sql.streaming.PythonStreamingQueryListener"]
 
     def __init__(self) -> None:
-        self._watched: dict[str, list[tuple[SinkConfig, str]]] = {}
-        self._terminated: dict[str, None] = {}  # the last queries whose termination notification has run
+        self._watched: dict[str, list[tuple[SinkConfig, str, str]]] = {}
+        self._terminated: dict[str, None] = {}  # the last runs whose termination notification has run
         self._lock = threading.Lock()
 
-    def watch(self, query_id: str, config: SinkConfig, checkpoint: str) -> None:
+    def watch(self, run_id: str, config: SinkConfig, checkpoint: str, token: str = "") -> None:
+        """Called by :func:`start_query` for Spark's run ``run_id`` of a query (a restarted
+        query keeps its query id and gets a new run id): deliver that run's events, and only
+        those, to the sink, with the epoch the kit's run ``token`` took."""
         with self._lock:
-            self._watched.setdefault(query_id, []).append((config, checkpoint))
+            self._watched.setdefault(run_id, []).append((config, checkpoint, token))
 
-    def _notify(self, query_id: str, up_to: int | None) -> None:
+    def _notify(self, run_id: str, up_to: int | None) -> None:
         with self._lock:
-            watched = list(self._watched.get(query_id, []))
-        for config, checkpoint in watched:
+            watched = list(self._watched.get(run_id, []))
+        for config, checkpoint, token in watched:
             try:
-                committed = CheckpointEngine.of(config, checkpoint).complete(up_to)
+                epoch = Journal(checkpoint, config.sink_id).runs().get(token, 0) if token else 0
+                committed = CheckpointEngine.of(config, checkpoint, epoch).complete(up_to)
                 if committed:
                     logger.info("sink %s: checkpoints %s complete and committed", config.sink_id, committed)
             except Exception as exc:  # the next batch's recovery retries; never kill the listener thread
@@ -97,26 +102,26 @@ class CheckpointListener:
 
     def onQueryProgress(self, event: Any) -> None:
         progress = event.progress()
-        self._notify(progress.id().toString(), progress.batchId())
+        self._notify(progress.runId().toString(), progress.batchId())
 
     def onQueryIdle(self, event: Any) -> None:
         # A notification that failed (the sink's service unreachable) is retried here, while
         # no new batch comes whose recovery would retry it.
-        self._notify(event.id().toString(), None)
+        self._notify(event.runId().toString(), None)
 
     def onQueryTerminated(self, event: Any) -> None:
-        query_id = event.id().toString()
-        self._notify(query_id, None)
+        run_id = event.runId().toString()
+        self._notify(run_id, None)
         with self._lock:
-            self._watched.pop(query_id, None)
-            self._terminated[query_id] = None
+            self._watched.pop(run_id, None)
+            self._terminated[run_id] = None
             if len(self._terminated) > 1_000:  # a process that restarts queries for days
                 del self._terminated[next(iter(self._terminated))]
 
-    def terminated(self, query_id: str) -> bool:
-        """Whether this listener has delivered the query's termination notification."""
+    def terminated(self, run_id: str) -> bool:
+        """Whether this listener has delivered the termination notification of Spark's run ``run_id``."""
         with self._lock:
-            return query_id in self._terminated
+            return run_id in self._terminated
 
 
 # Keyed by the session object itself (weakly): an id() would be reused by a later session
@@ -388,8 +393,8 @@ class OncekitQuery:
             return
         engine = CheckpointEngine.of(self.sink, self.checkpoint)
         deadline = time.monotonic() + LAST_NOTIFICATION_WAIT_S
-        query_id = str(self.query.id)
-        while ((self.committer or (self.watcher is not None and not self.watcher.terminated(query_id)))
+        run_id = str(self.query.runId)
+        while ((self.committer or (self.watcher is not None and not self.watcher.terminated(run_id)))
                and engine.uncommitted() and time.monotonic() < deadline):
             time.sleep(0.05)
         engine.complete()
@@ -487,7 +492,7 @@ def start_query(
         _refuse_missing_install(sink, exc)
         raise
     if watcher is not None:
-        watcher.watch(str(query.id), sink, checkpoint)
+        watcher.watch(str(query.runId), sink, checkpoint, run.token or "")
     watchdog = BatchWatchdog(query, checkpoint, query_name or sink.sink_id, timeout_s, run.token or "").start()
     return OncekitQuery(query, sink, checkpoint, watcher, watchdog, run.committer)
 

@@ -87,9 +87,9 @@ def test_listener_delivers_every_batch_and_the_termination_to_the_sink(
     notified: list[tuple[str, int | None]] = []
     deliver = CheckpointListener._notify
 
-    def recorded(self: CheckpointListener, query_id: str, up_to: int | None) -> None:
-        notified.append((query_id, up_to))
-        deliver(self, query_id, up_to)
+    def recorded(self: CheckpointListener, run_id: str, up_to: int | None) -> None:
+        notified.append((run_id, up_to))
+        deliver(self, run_id, up_to)
 
     monkeypatch.setattr(CheckpointListener, "_notify", recorded)
     expected = produce_input(kafka, topic, COUNT)
@@ -98,14 +98,14 @@ def test_listener_delivers_every_batch_and_the_termination_to_the_sink(
     query = start_query(integers(spark, kafka, topic, PER_BATCH), sink, str(tmp_path / "checkpoint"),
                         trigger={"availableNow": True})
     assert query.await_termination(timeout=240)
-    query_id = str(query.id)
+    run_id = str(query.runId)
     # Spark's listener bus delivers the termination on its own thread: await_termination waits
     # for it only while a completed batch is still uncommitted, and here none was.
     deadline = time.monotonic() + 30
-    while query.watcher is not None and not query.watcher.terminated(query_id) and time.monotonic() < deadline:
+    while query.watcher is not None and not query.watcher.terminated(run_id) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert query.watcher is not None and query.watcher.terminated(query_id)
-    batches = [up_to for notified_id, up_to in notified if notified_id == query_id]
+    assert query.watcher is not None and query.watcher.terminated(run_id)
+    batches = [up_to for notified_id, up_to in notified if notified_id == run_id]
     assert [b for b in batches if b is not None] == list(range(len(query.recentProgress)))
     assert batches[-1] is None  # the termination
     verdict = compare(expected, table_ids(postgres_dsn, unique_name))
