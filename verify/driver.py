@@ -32,13 +32,15 @@ campaign's catch-up window."""
 
 def start_driver(pipeline: str, ctx: PipelineContext, crash_dir: str, drain: bool = False,
                  log: Path | None = None, env: dict[str, str] | None = None,
-                 standby: bool = False) -> subprocess.Popen[bytes]:
+                 standby: bool = False, prefix: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
     """Start the driver process of ``pipeline`` (``python -m oncekit.verify``) in a session of its
     own, so that SIGKILL takes it and its Spark JVM together, with crash points read from
     ``crash_dir``. ``drain``: run until the input is drained (availableNow), once, without
     restarts; else run until SIGTERM, restarting the query as a restart strategy would.
     ``standby``: start Spark, then wait until no other driver holds the query's lease
-    (:func:`~oncekit.core.spark.standby.stand_by`) before running it."""
+    (:func:`~oncekit.core.spark.standby.stand_by`) before running it. ``prefix``: a command the
+    driver runs under (``unshare --pid --fork --mount-proc``: a driver in a pid namespace of its
+    own, as in a container that shares the host's name)."""
     # Secrets (the DSN's password, Kafka's SASL settings) go by environment, not on the command line.
     spec = {"pipeline": pipeline, "context": {**asdict(ctx), "dsn": "", "kafka_client": {}}, "drain": drain,
             "standby": standby}
@@ -46,7 +48,7 @@ def start_driver(pipeline: str, ctx: PipelineContext, crash_dir: str, drain: boo
                    "ONCEKIT_VERIFY_KAFKA_CLIENT": json.dumps(ctx.kafka_client)}
     out = open(log, "ab") if log else subprocess.DEVNULL
     try:
-        return subprocess.Popen([sys.executable, "-m", "oncekit.verify", json.dumps(spec)], env=environment,
+        return subprocess.Popen([*prefix, sys.executable, "-m", "oncekit.verify", json.dumps(spec)], env=environment,
                                 stdout=out, stderr=out, start_new_session=True)
     finally:
         if log:
@@ -153,6 +155,7 @@ class DriverProcess:
     log: Path
     env: dict[str, str]
     standby: bool = False  # a standby driver (:func:`~oncekit.core.spark.standby.stand_by`)
+    prefix: tuple[str, ...] = ()  # a command the driver runs under (:func:`start_driver`)
     process: subprocess.Popen[bytes] | None = None
     restarts: int = 0
     launched: float = 0.0  # wall-clock time of the last (re)start
@@ -168,7 +171,7 @@ class DriverProcess:
             logger.info("verify: driver exited with %s; restarting it", self.process.returncode)  # type: ignore[union-attr]
         self.launched = time.time()
         self.process = start_driver(self.pipeline, self.ctx, self.crash_dir, log=self.log, env=self.env,
-                                    standby=self.standby)
+                                    standby=self.standby, prefix=self.prefix)
         if self.standby:  # the caller waits for its warm-up (wait_step("warm")) when it needs it
             return
         started = Path(self.ctx.checkpoint + ".started")

@@ -179,3 +179,40 @@ def test_a_driver_whose_lease_another_run_took_stops_and_journals_nothing_more(
         query.await_termination(60)
         raise AssertionError("the query went on after losing its lease")
     assert committed() <= taken + 1  # at most the batch in flight at the takeover
+
+
+def test_a_second_driver_in_another_pid_namespace_with_the_same_host_name_does_not_run_beside_the_first(
+    kafka: KafkaConfig, topic: str, tmp_path: Path, crash_dir: Path,
+) -> None:
+    """Containers that share the host's name (host networking) and cloned machines: a driver
+    started on the checkpoint from another pid namespace cannot see the active driver's pid, and
+    must not take that for "the holder is gone". It is refused while the active driver runs, the
+    active driver goes on, and the output is exactly once."""
+    out = f"{topic}-out"
+    create_topic(kafka, out, partitions=2)
+    ctx = PipelineContext(kafka.bootstrap_servers, topic, out, str(tmp_path / "checkpoint"),
+                          trigger={"processingTime": "1 second"}, max_offsets_per_trigger=500)
+    env = {EXPIRY_ENV: str(LEASE_EXPIRY_S)}
+    active = DriverProcess("kafka-transactional", ctx, str(crash_dir), tmp_path / "active.log", env)
+    other = DriverProcess("kafka-transactional", ctx, str(crash_dir), tmp_path / "other.log", env,
+                          prefix=("unshare", "--pid", "--fork", "--mount-proc"))
+    expected: list[int] = []
+    try:
+        with KafkaOutput(kafka, out) as output:
+            active.ensure_running()
+            active.wait_step("query", PROGRESS_S)
+            progress(kafka, topic, expected, output, "the start", tmp_path)
+            other.ensure_running()
+            deadline = time.monotonic() + PROGRESS_S
+            while not (other.log.exists() and "is running" in other.log.read_text()):
+                assert time.monotonic() < deadline, f"the second driver was not refused; see {other.log}"
+                time.sleep(0.5)
+            progress(kafka, topic, expected, output, "a second driver refused from another pid namespace", tmp_path)
+            assert active.process is not None and active.process.poll() is None, "the active driver ended"
+            assert "lease is held by another driver" not in active.log.read_text()
+        active.stop()
+    finally:
+        active.kill()
+        other.kill()
+    verdict = compare(expected, output_values(kafka, out, len(expected)))
+    assert verdict.exactly_once, verdict.summary()
