@@ -44,6 +44,11 @@ SERVICE_POINTS = (
 """Points inside a sink's exchange with its service, where a service fault hits (armed to hold
 while the harness breaks the service); random schedules draw only from :data:`POINTS`."""
 
+FAILURE_POINTS = (
+    "driver_abort",            # Spark's abort of a failed batch, on the driver, before anything is aborted
+)
+"""Points reached only after a batch failed, where a fencing test holds (pauses) a driver."""
+
 _DIRECTORY = os.environ.get(CRASH_DIR_ENV) or None
 
 
@@ -82,8 +87,9 @@ def arm(directory: str | Path, name: str, batch_id: int | None = None, partition
         hold: bool = False) -> None:
     """Test helper: arm ``name`` to fire once at ``batch_id`` (any batch if None): exit there,
     or with ``hold`` wait there until :func:`release`."""
-    if name not in POINTS + SERVICE_POINTS:
-        raise ConfigError(f"unknown crash point {name!r}; known: {', '.join(POINTS + SERVICE_POINTS)}")
+    known = POINTS + SERVICE_POINTS + FAILURE_POINTS
+    if name not in known:
+        raise ConfigError(f"unknown crash point {name!r}; known: {', '.join(known)}")
     Path(directory).mkdir(parents=True, exist_ok=True)
     for stale in (f"{name}.fired", f"{name}.release"):  # an earlier firing is not this one's
         (Path(directory) / stale).unlink(missing_ok=True)

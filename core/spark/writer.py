@@ -37,6 +37,7 @@ from pyspark.sql.types import StructType
 
 import oncekit
 
+from oncekit.core.crash import crash_point
 from oncekit.core.engine import CheckpointEngine, RecoveryReport
 from oncekit.core.spark import committer
 from oncekit.core.errors import ConfigError, FencedError, TaskInputCutError
@@ -202,6 +203,7 @@ class EngineStreamWriter(DataSourceStreamArrowWriter):
         still pre-commits until Spark destroys its Python worker, after the first sweep (CI saw
         a prepared transaction left so). The next query start's recovery aborts what a slower
         straggler leaves."""
+        crash_point("driver_abort", batchId)
         engine = self._engine()
         engine.abort(batchId, _committables(messages))
         time.sleep(STRAGGLER_S)

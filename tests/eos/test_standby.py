@@ -14,12 +14,12 @@ import pytest
 
 from oncekit.connectors import KafkaConfig
 from oncekit.connectors.kafka import create_topic
-from oncekit.core.crash import arm, fired
+from oncekit.core.crash import arm, fired, fired_at, release
 from oncekit.core.lease import EXPIRY_ENV, LEASE
 from oncekit.core.spark_log import SparkLog
 from oncekit.verify import PipelineContext, compare, start_example
 from oncekit.verify.driver import DriverProcess, Timeline
-from oncekit.verify.io import KafkaOutput
+from oncekit.verify.io import KafkaOutput, prepare_target, prepared_transactions, table_ids
 from tests.eos.pipeline import COUNT, produce_input, read_committed
 
 pytestmark = [pytest.mark.services, pytest.mark.spark]
@@ -44,6 +44,16 @@ def progress(kafka: KafkaConfig, topic: str, expected: list[int], output: KafkaO
         if time.monotonic() > deadline:
             raise AssertionError(f"stall after {after}: {len(output.read())} of {len(expected)} records committed "
                                  f"after {PROGRESS_S:.0f} s; driver logs in {logs}")
+        time.sleep(0.5)
+
+
+def wait_for_rows(dsn: str, table: str, expected: list[int], after: str, logs: Path) -> None:
+    """All of ``expected`` in ``table`` within PROGRESS_S, else a stall named by step."""
+    deadline = time.monotonic() + PROGRESS_S
+    while len(table_ids(dsn, table)) < len(expected):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"stall after {after}: {len(table_ids(dsn, table))} of {len(expected)} rows "
+                                 f"committed after {PROGRESS_S:.0f} s; logs in {logs}")
         time.sleep(0.5)
 
 
@@ -216,3 +226,113 @@ def test_a_second_driver_in_another_pid_namespace_with_the_same_host_name_does_n
         other.kill()
     verdict = compare(expected, output_values(kafka, out, len(expected)))
     assert verdict.exactly_once, verdict.summary()
+
+
+@pytest.mark.parametrize("pipeline", ["postgres-two-phase-commit"])
+def test_an_active_driver_paused_in_its_driver_commit_past_a_takeover_changes_nothing_when_it_wakes(
+    kafka: KafkaConfig, postgres_dsn: str, topic: str, unique_name: str, tmp_path: Path, crash_dir: Path,
+    pipeline: str,
+) -> None:
+    """The active driver journals a batch and is paused right there, in its driver commit (before
+    Spark logs the batch), past its lease's expiry: the standby takes over, aborts what the batch
+    left and replays it. Then the paused driver wakes, its driver commit goes on, and its
+    listener commits: fenced, nothing of it changes the output. It stops, the standby goes on,
+    and the table is the input exactly once, nothing prepared."""
+    prepare_target(pipeline, kafka, postgres_dsn, unique_name)
+    ctx = PipelineContext(kafka.bootstrap_servers, topic, unique_name, str(tmp_path / "checkpoint"), dsn=postgres_dsn,
+                          trigger={"processingTime": "1 second"}, max_offsets_per_trigger=500)
+    env = {EXPIRY_ENV: str(LEASE_EXPIRY_S)}
+    active = DriverProcess(pipeline, ctx, str(crash_dir), tmp_path / "active.log", env)
+    standby = DriverProcess(pipeline, ctx, str(crash_dir), tmp_path / "standby.log", env, standby=True)
+    expected: list[int] = []
+
+    def step(after: str) -> None:
+        expected.extend(produce_input(kafka, topic, CHUNK, first=len(expected)))
+        wait_for_rows(postgres_dsn, unique_name, expected, after, tmp_path)
+
+    try:
+        active.ensure_running()
+        active.wait_step("query", PROGRESS_S)
+        standby.ensure_running()
+        standby.wait_step("warm", PROGRESS_S)
+        step("the start")
+        arm(crash_dir, "driver_after_journal", hold=True)
+        expected.extend(produce_input(kafka, topic, CHUNK, first=len(expected)))
+        deadline = time.monotonic() + PROGRESS_S
+        while fired_at(crash_dir, "driver_after_journal") is None:
+            assert time.monotonic() < deadline, f"the active driver never reached its driver commit; see {active.log}"
+            time.sleep(0.2)
+        active.pause()
+        paused = time.monotonic()
+        wait_for_rows(postgres_dsn, unique_name, expected, "the active driver paused in its driver commit", tmp_path)
+        assert time.monotonic() - paused > LEASE_EXPIRY_S, "the standby took over from a live lease"
+        active.resume()
+        release(crash_dir, "driver_after_journal")
+        assert active.process is not None
+        active.process.wait(timeout=120)  # it found its lease taken, or its run fenced, and stopped
+        step("the paused driver woke and stopped")
+        standby.stop()
+    finally:
+        release(crash_dir, "driver_after_journal")
+        active.kill()
+        standby.kill()
+    verdict = compare(expected, table_ids(postgres_dsn, unique_name))
+    assert verdict.exactly_once, verdict.summary()
+    assert prepared_transactions(postgres_dsn, unique_name) == []
+
+
+def test_an_active_driver_paused_in_its_abort_past_a_takeover_leaves_the_standbys_replay_alone(
+    kafka: KafkaConfig, postgres_dsn: str, topic: str, unique_name: str, tmp_path: Path, crash_dir: Path,
+) -> None:
+    """A task of the active driver fails (``local[2]``: no retry), so Spark aborts the batch on the
+    driver; the driver is paused right there, past its lease's expiry. The standby takes over and
+    replays the batch, and is held once it has journaled it (its transactions prepared). Then the
+    paused driver wakes and its abort goes on: it must abort only its own run's transactions,
+    never the standby's, which the standby then commits. The table is the input exactly once,
+    nothing prepared (PostgreSQL two-phase commit)."""
+    pipeline = "postgres-two-phase-commit"
+    prepare_target(pipeline, kafka, postgres_dsn, unique_name)
+    ctx = PipelineContext(kafka.bootstrap_servers, topic, unique_name, str(tmp_path / "checkpoint"), dsn=postgres_dsn,
+                          trigger={"processingTime": "1 second"}, max_offsets_per_trigger=500)
+    env = {EXPIRY_ENV: str(LEASE_EXPIRY_S), "SPARK_MASTER": "local[2]"}
+    active = DriverProcess(pipeline, ctx, str(crash_dir), tmp_path / "active.log", env)
+    standby = DriverProcess(pipeline, ctx, str(crash_dir), tmp_path / "standby.log", env, standby=True)
+    expected: list[int] = []
+
+    def wait_for(point: str, driver: DriverProcess) -> None:
+        deadline = time.monotonic() + PROGRESS_S
+        while fired_at(crash_dir, point) is None:
+            assert time.monotonic() < deadline, f"{point} never reached; see {driver.log}"
+            time.sleep(0.2)
+
+    try:
+        active.ensure_running()
+        active.wait_step("query", PROGRESS_S)
+        standby.ensure_running()
+        standby.wait_step("warm", PROGRESS_S)
+        expected.extend(produce_input(kafka, topic, CHUNK, first=len(expected)))
+        wait_for_rows(postgres_dsn, unique_name, expected, "the start", tmp_path)
+        arm(crash_dir, "task_before_write")
+        arm(crash_dir, "driver_abort", hold=True)
+        expected.extend(produce_input(kafka, topic, CHUNK, first=len(expected)))
+        wait_for("driver_abort", active)
+        active.pause()
+        arm(crash_dir, "driver_after_journal", hold=True)  # the standby's replay, journaled and prepared
+        wait_for("driver_after_journal", standby)
+        active.resume()
+        release(crash_dir, "driver_abort")
+        assert active.process is not None
+        active.process.wait(timeout=120)  # its abort went on, then it found its lease taken and stopped
+        release(crash_dir, "driver_after_journal")
+        wait_for_rows(postgres_dsn, unique_name, expected, "the paused driver's abort went on", tmp_path)
+        expected.extend(produce_input(kafka, topic, CHUNK, first=len(expected)))
+        wait_for_rows(postgres_dsn, unique_name, expected, "more input after the takeover", tmp_path)
+        standby.stop()
+    finally:
+        for point in ("driver_abort", "driver_after_journal"):
+            release(crash_dir, point)
+        active.kill()
+        standby.kill()
+    verdict = compare(expected, table_ids(postgres_dsn, unique_name))
+    assert verdict.exactly_once, verdict.summary()
+    assert prepared_transactions(postgres_dsn, unique_name) == []
