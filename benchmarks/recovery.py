@@ -93,8 +93,9 @@ class Case:
     """One pipeline's driver, its input producer and the restarts measured on it."""
 
     def __init__(self, bench: Bench, name: str, pipeline: str, env: dict[str, str], work: Path,
-                 standby: bool = False) -> None:
+                 standby: bool = False, standby_prefix: tuple[str, ...] = ()) -> None:
         self.bench, self.name, self.pipeline, self.env = bench, name, pipeline, env
+        self.standby_prefix = standby_prefix
         tag = "".join(c if c.isalnum() else "_" for c in name.lower())
         self.source, output = f"bench_recovery_{tag}_in", f"bench_recovery_{tag}_out"
         for topic in (self.source, output):
@@ -109,7 +110,8 @@ class Case:
         self.standby = self._start_standby() if standby else None
 
     def _start(self, standby: bool = False) -> Any:
-        return start_driver(self.pipeline, self.ctx, str(self.crash_dir), log=self.log, env=self.env, standby=standby)
+        return start_driver(self.pipeline, self.ctx, str(self.crash_dir), log=self.log, env=self.env, standby=standby,
+                            prefix=self.standby_prefix if standby else ())
 
     def _start_standby(self) -> Any:
         """A standby driver, once it has warmed up."""
@@ -178,13 +180,13 @@ class Case:
 
 
 def measure(bench: Bench, name: str, pipeline: str, env: dict[str, str], kills: int, standby: bool = False,
-            ) -> list[Row]:
+            standby_prefix: tuple[str, ...] = ()) -> list[Row]:
     options = bench.options
     print(f"  {name}: {kills} kills at {options.rate:,} records/s", file=sys.stderr, flush=True)
     stop = threading.Event()
     with tempfile.TemporaryDirectory() as work:
         try:
-            case = Case(bench, name, pipeline, env, Path(work), standby)
+            case = Case(bench, name, pipeline, env, Path(work), standby, standby_prefix)
         except Exception as exc:  # the other case still runs
             return [Row.failed(f"{name} median", failure(exc))]
         producer = threading.Thread(target=data.produce_at_rate, daemon=True, args=(
@@ -221,19 +223,24 @@ def labelled(kills: int) -> list[tuple[str, Callable[[list[float]], float]]]:
 def recovery_group(bench: Bench) -> Table:
     options = bench.options
     kit, standby, peer = "kit transactional", "kit transactional, standby", "Spark Kafka source and sink"
+    remote = "kit transactional, standby on another host"
     print("7. Recovery", file=sys.stderr, flush=True)
     table = Table(
         f"7. Recovery after kill -9 of the driver: {options.rate:,} records/s, {options.partitions} partitions, "
         f"processingTime 1 second, {options.kills} kills each; seconds from the kill",
         STEPS, ("committed", "caught up"), "recovery time; below 1 the kit recovers faster",
         ratios=[Ratio(f"{case}{label}", f"{peer}{label}")
-                for case in (kit, standby) for label, _ in labelled(options.kills)],
+                for case in (kit, standby, remote) for label, _ in labelled(options.kills)],
         notes=["A new driver process starts right after each kill (local[2,4], the driver's Spark session and "
                "query from nothing); with a standby, the warmed-up standby takes over and, when another kill follows, "
-               "the next standby starts once it has caught up. " + bench.connector.describe()
+               "the next standby starts once it has caught up. A standby on another host runs in a pid namespace of "
+               "its own (unshare --pid --fork --mount-proc), so it cannot see the active driver's process go and "
+               "waits for the lease's expiry (the default, ONCEKIT_LEASE_EXPIRY_S). " + bench.connector.describe()
                + ". Steps: see benchmarks/recovery.py."])
     jars = {"PYSPARK_SUBMIT_ARGS": f"--jars {','.join(bench.connector.jars)} pyspark-shell"}
     table.rows += measure(bench, kit, "benchmarks.recovery:kit_pipeline", {}, options.kills)
     table.rows += measure(bench, standby, "benchmarks.recovery:kit_pipeline", {}, options.kills, standby=True)
+    table.rows += measure(bench, remote, "benchmarks.recovery:kit_pipeline", {}, options.kills, standby=True,
+                          standby_prefix=("unshare", "--pid", "--fork", "--mount-proc"))
     table.rows += measure(bench, peer, "benchmarks.recovery:spark_pipeline", jars, options.kills)
     return table

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -44,15 +45,24 @@ def start_driver(pipeline: str, ctx: PipelineContext, crash_dir: str, drain: boo
     # Secrets (the DSN's password, Kafka's SASL settings) go by environment, not on the command line.
     spec = {"pipeline": pipeline, "context": {**asdict(ctx), "dsn": "", "kafka_client": {}}, "drain": drain,
             "standby": standby}
+    driver = uuid.uuid4().hex
     environment = {**os.environ, **(env or {}), CRASH_DIR_ENV: crash_dir, "ONCEKIT_VERIFY_DSN": ctx.dsn,
-                   "ONCEKIT_VERIFY_KAFKA_CLIENT": json.dumps(ctx.kafka_client)}
+                   "ONCEKIT_VERIFY_KAFKA_CLIENT": json.dumps(ctx.kafka_client), DRIVER_ENV: driver}
     out = open(log, "ab") if log else subprocess.DEVNULL
     try:
-        return subprocess.Popen([*prefix, sys.executable, "-m", "oncekit.verify", json.dumps(spec)], env=environment,
-                                stdout=out, stderr=out, start_new_session=True)
+        process = subprocess.Popen([*prefix, sys.executable, "-m", "oncekit.verify", json.dumps(spec)],
+                                   env=environment, stdout=out, stderr=out, start_new_session=True)
+        _drivers[process.pid] = driver
+        return process
     finally:
         if log:
             out.close()  # type: ignore[union-attr]
+
+
+DRIVER_ENV = "ONCEKIT_VERIFY_DRIVER"
+"""Names a driver process in its timeline: under a prefix such as ``unshare --pid`` the process
+the harness started is not the driver's own pid."""
+_drivers: dict[int, str] = {}  # the harness's process pid -> the driver's name (DRIVER_ENV)
 
 
 def main(spec_text: str) -> int:
@@ -125,7 +135,8 @@ class Timeline:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with self.path.open("a") as out:
-                out.write(json.dumps({"step": step, "t": time.time(), "pid": os.getpid()}) + "\n")
+                out.write(json.dumps({"step": step, "t": time.time(), "pid": os.getpid(),
+                                      "driver": os.environ.get(DRIVER_ENV, "")}) + "\n")
         except OSError as exc:
             logger.warning("driver timeline %s: %s", self.path, exc)
 
@@ -139,7 +150,12 @@ def wait_step(process: subprocess.Popen[bytes], checkpoint: str, step: str, time
     """Wait until the driver ``process`` notes ``step`` in the timeline of ``checkpoint``
     (:class:`Timeline`); VerifyError naming ``where`` if it exits or ``timeout_s`` passes first."""
     timeline, deadline = Timeline(checkpoint), time.monotonic() + timeout_s
-    while not any(e["step"] == step and e["pid"] == process.pid for e in timeline.read()):
+    driver = _drivers.get(process.pid)
+
+    def its(entry: dict[str, Any]) -> bool:
+        return entry.get("driver") == driver if driver else entry["pid"] == process.pid
+
+    while not any(e["step"] == step and its(e) for e in timeline.read()):
         if process.poll() is not None or time.monotonic() > deadline:
             raise VerifyError(f"{where}: the driver did not reach {step} within {timeout_s:.0f} s (exit {process.poll()})")
         time.sleep(0.2)
