@@ -164,6 +164,18 @@ class CheckpointEngine:
         known = {c.key for c in committables}
         self.sink.abort_batch(batch_id, [*committables, *(c for c in leftovers if c.key not in known)])
 
+    def abort_unfinished(self) -> list[str]:
+        """Driver, once its query has stopped: abort what this run (its epoch; nothing for an
+        unfenced engine) holds open of batches Spark did not complete, so a stopped query leaves
+        nothing prepared or staged; the next start replays those batches. Returns their names."""
+        if not self.epoch:
+            return []
+        completed = self.spark_log.completed()
+        lost = [c for c in self.sink.leftovers() if c.epoch == self.epoch and not is_complete(c.batch_id, completed)]
+        for batch_id in sorted({c.batch_id for c in lost}):
+            self.sink.abort_batch(batch_id, [c for c in lost if c.batch_id == batch_id])
+        return [c.name for c in lost]
+
     def complete(self, up_to: int | None = None) -> list[int]:
         """Checkpoint-complete notification: commit every journaled, not yet committed batch
         up to ``up_to`` (all if None) that Spark logged as committed. Returns those batch ids."""

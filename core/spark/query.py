@@ -366,9 +366,9 @@ class OncekitQuery:
 
     def __init__(self, query: StreamingQuery, sink: SinkConfig, checkpoint: str,
                  watcher: CheckpointListener | None = None, watchdog: BatchWatchdog | None = None,
-                 committer: bool = False) -> None:
+                 committer: bool = False, run: str = "") -> None:
         self.query, self.sink, self.checkpoint, self.watcher = query, sink, checkpoint, watcher
-        self.watchdog, self.committer = watchdog, committer
+        self.watchdog, self.committer, self.run = watchdog, committer, run
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.query, name)
@@ -400,11 +400,15 @@ class OncekitQuery:
         engine.complete()
 
     def stop(self) -> None:
-        """Stop the query, commit its completed checkpoints, then give up its lease."""
+        """Stop the query, commit its completed checkpoints, abort what this run left open of a
+        batch Spark did not complete (the next start replays it), then give up its lease."""
         if self.watchdog is not None:
             self.watchdog.close()
         self.query.stop()
         self._stopped()
+        if self.run and not (self.watchdog is not None and isinstance(self.watchdog.stall, LeaseLostError)):
+            epoch = Journal(self.checkpoint, self.sink.sink_id).runs().get(self.run, 0)
+            CheckpointEngine.of(self.sink, self.checkpoint, epoch).abort_unfinished()
         self._release()
 
     def _release(self) -> None:
@@ -494,7 +498,7 @@ def start_query(
     if watcher is not None:
         watcher.watch(str(query.runId), sink, checkpoint, run.token or "")
     watchdog = BatchWatchdog(query, checkpoint, query_name or sink.sink_id, timeout_s, run.token or "").start()
-    return OncekitQuery(query, sink, checkpoint, watcher, watchdog, run.committer)
+    return OncekitQuery(query, sink, checkpoint, watcher, watchdog, run.committer, run.token or "")
 
 
 def _refuse_missing_install(sink: SinkConfig, error: Exception) -> None:

@@ -146,3 +146,22 @@ def test_a_superseded_runs_recovery_and_journal_writes_are_refused(
     new.complete()
     assert table_ids(postgres_dsn, unique_name) == collections.Counter([5])
     assert prepared(postgres_dsn) == []
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_stopped_run_aborts_only_its_own_work_of_batches_spark_did_not_complete(
+    postgres_dsn: str, unique_name: str, tmp_path: Path, protocol: str,
+) -> None:
+    """A query stopped in the middle of a batch (its tasks had pre-committed, its driver commit
+    never came) leaves nothing open: the stop aborts its run's work of that batch, which the next
+    start replays, and leaves a newer run's alone."""
+    old, new = started_runs(postgres_dsn, unique_name, tmp_path, protocol)
+    sink_id = new.sink.sink_id
+    spark_logged(tmp_path, planned=[0, 1], committed=[0])
+    new.checkpoint(0, new.write_task(TaskInfo(sink_id, 0, 0, 1, epoch=2), iter([rows([1])])))
+    new.complete()
+    in_flight = new.write_task(TaskInfo(sink_id, 1, 0, 2, epoch=2), iter([rows([2])]))
+    assert old.abort_unfinished() == []  # the old run's stop: nothing of its own
+    assert new.abort_unfinished() == [c.name for c in in_flight]
+    assert new.sink.leftovers() == [] and prepared(postgres_dsn) == []
+    assert table_ids(postgres_dsn, unique_name) == collections.Counter([1])
