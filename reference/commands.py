@@ -27,6 +27,7 @@ from oncekit.core.spark.standby import stand_by
 from oncekit.reference import generator
 from oncekit.reference.config import load_with_services
 from oncekit.reference.pipeline import QUERIES, ReferencePipeline
+from oncekit.sources.kafka import WARM_UP_MODULES, analyze_for_warm_up
 
 if TYPE_CHECKING:
     from oncekit.status.app import StatusServer
@@ -45,7 +46,8 @@ def run_pipeline(config_path: str | None, overrides: Mapping[str, Any], from_sav
     spark = session()
     if standby:
         pipeline.queries(spark)  # the sources registered and the plans analyzed while it waits
-        stand_by(spark, [f"{pipeline.checkpoint}/{name}" for name in QUERIES], announce=print)
+        stand_by(spark, [f"{pipeline.checkpoint}/{name}" for name in QUERIES], announce=print, modules=WARM_UP_MODULES,
+                 analyze=analyze_for_warm_up)
         print("standby: taking over", flush=True)
     if from_savepoint:
         restored = pipeline.restore(spark, from_savepoint, state_partitions)

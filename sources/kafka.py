@@ -391,3 +391,14 @@ def register(spark: SparkSession) -> None:
     from oncekit.sources._spark_kafka import KafkaDataSource
 
     spark.dataSource.register(KafkaDataSource)
+
+
+WARM_UP_MODULES = ("oncekit.sinks.kafka", "oncekit.sinks.postgres", "oncekit.sources._spark_kafka")
+"""What a standby's warm-up imports in Spark's task workers for the kit's own sources and sinks
+(:func:`oncekit.core.spark.standby.stand_by`'s ``modules``)."""
+
+
+def analyze_for_warm_up(spark: Any) -> None:
+    """A standby's warm-up ``analyze``: a frame of this source, analyzed only (its schema needs no
+    broker), so Spark's Python data source planner processes start."""
+    kafka_stream(spark, "warm-up.invalid:9092", "warm-up")

@@ -71,6 +71,7 @@ def main(spec_text: str) -> int:
     from oncekit.core.spark.query import BATCH_TIMEOUT_CONF
     from oncekit.core.spark.session import spark_session
     from oncekit.core.spark.standby import stand_by
+    from oncekit.sources.kafka import WARM_UP_MODULES, analyze_for_warm_up
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     spec = json.loads(spec_text)
@@ -88,7 +89,8 @@ def main(spec_text: str) -> int:
     if spec["standby"]:  # SIGTERM ends a waiting standby at once
         standby_session = spark_session("oncekit-verify", master=master, conf=conf)
         timeline.note("session")
-        stand_by(standby_session, [ctx.checkpoint], warmed=lambda: timeline.note("warm"))
+        stand_by(standby_session, [ctx.checkpoint], warmed=lambda: timeline.note("warm"), modules=WARM_UP_MODULES,
+                 analyze=analyze_for_warm_up)
         timeline.note("takeover")
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())

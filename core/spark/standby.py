@@ -24,6 +24,7 @@ its processes between queries.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import tempfile
 import time
@@ -52,15 +53,18 @@ REWARM_S = 45.0
 WARM_UP_TIMEOUT_S = 120.0
 
 
-def _import_connectors() -> None:
-    """In a task worker the query's tasks will reuse: the modules its reads and writes need."""
-    import oncekit.sinks.kafka  # noqa: F401
-    import oncekit.sinks.postgres  # noqa: F401
-    import oncekit.sources._spark_kafka  # noqa: F401
+def _import(modules: Sequence[str]) -> None:
+    """In a task worker the query's tasks will reuse: the modules its reads and writes need
+    (named by the caller, so that the engine imports no sink or source)."""
+    for module in modules:
+        importlib.import_module(module)
 
 
 class _WarmUpReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """One micro-batch of one row in each of two partitions."""
+
+    def __init__(self, modules: Sequence[str]) -> None:
+        self.modules = tuple(modules)
 
     def initialOffset(self) -> dict[str, int]:
         return {"batch": 0}
@@ -75,7 +79,7 @@ class _WarmUpReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return [InputPartition(0), InputPartition(1)] if end["batch"] > start["batch"] else []
 
     def read(self, partition: InputPartition) -> Iterator[tuple[int]]:
-        _import_connectors()
+        _import(self.modules)
         yield (partition.value,)
 
     def commit(self, end: dict[str, int]) -> None:
@@ -83,10 +87,13 @@ class _WarmUpReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
 
 class _WarmUpWriter(DataSourceStreamArrowWriter):
+    def __init__(self, modules: Sequence[str]) -> None:
+        self.modules = tuple(modules)
+
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
         for _ in iterator:
             pass
-        _import_connectors()
+        _import(self.modules)
         return WriterCommitMessage()
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
@@ -107,28 +114,34 @@ class WarmUpDataSource(DataSource):
     def schema(self) -> str:
         return "value int"
 
+    def _modules(self) -> list[str]:
+        return [m for m in self.options.get("modules", "").split(",") if m]
+
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return _WarmUpReader()
+        return _WarmUpReader(self._modules())
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamArrowWriter:
-        return _WarmUpWriter()
+        return _WarmUpWriter(self._modules())
 
 
-def warm_up(spark: SparkSession) -> float:
-    """Standby driver, before it waits and every :data:`REWARM_S` while it does: analyze a frame
-    of the kit's Kafka source and run one micro-batch of a throwaway query (:class:`WarmUpDataSource`),
-    so that Spark's Python processes for the real query are started. Touches no service and no
-    checkpoint of the user's; returns the seconds it took (0 on a Spark Connect session)."""
+def warm_up(spark: SparkSession, modules: Sequence[str] = (),
+            analyze: Callable[[SparkSession], object] = lambda spark: None) -> float:
+    """Standby driver, before it waits and every :data:`REWARM_S` while it does: ``analyze`` (the
+    caller's: analyze a frame of the query's source, so Spark's planner processes start) and run
+    one micro-batch of a throwaway query (:class:`WarmUpDataSource`) whose task workers import
+    ``modules`` (the caller's sinks and sources), so that Spark's Python processes for the real
+    query are started. Touches no service and no checkpoint of the user's; returns the seconds it
+    took (0 on a Spark Connect session)."""
     from oncekit.core.spark.query import is_connect
-    from oncekit.sources.kafka import kafka_stream
 
     if is_connect(spark):
         return 0.0
     started = time.monotonic()
-    kafka_stream(spark, "warm-up.invalid:9092", "warm-up")  # analyzed only: the source's schema needs no broker
+    analyze(spark)
     spark.dataSource.register(WarmUpDataSource)
     with tempfile.TemporaryDirectory(prefix="oncekit-warm-up-") as checkpoint:
-        query = (spark.readStream.format(WARM_UP_FORMAT).load().writeStream.format(WARM_UP_FORMAT)
+        query = (spark.readStream.format(WARM_UP_FORMAT).option("modules", ",".join(modules)).load()
+                 .writeStream.format(WARM_UP_FORMAT).option("modules", ",".join(modules))
                  .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
         try:
             bounded("standby: the warm-up query", WARM_UP_TIMEOUT_S, query.awaitTermination)
@@ -138,13 +151,12 @@ def warm_up(spark: SparkSession) -> float:
 
 
 def stand_by(spark: SparkSession, checkpoints: Sequence[str], announce: Callable[[str], None] = logger.info,
-             warmed: Callable[[], None] = lambda: None) -> None:
-    """A standby driver's wait: warm ``spark`` up (:func:`warm_up`) and call ``warmed``, then
-    return once no live driver holds any of ``checkpoints``' leases
-    (:func:`~oncekit.core.lease.wait_free`), warming up again every :data:`REWARM_S`. Build the
-    query's frames before, start the queries after."""
-    announce(f"standby: warmed up in {warm_up(spark):.1f} s")
+             warmed: Callable[[], None] = lambda: None, modules: Sequence[str] = (),
+             analyze: Callable[[SparkSession], object] = lambda spark: None) -> None:
+    """A standby driver's wait: warm ``spark`` up (:func:`warm_up` with ``modules`` and
+    ``analyze``) and call ``warmed``, then return once no live driver holds any of
+    ``checkpoints``' leases (:func:`~oncekit.core.lease.wait_free`), warming up again every
+    :data:`REWARM_S`. Build the query's frames before, start the queries after."""
+    announce(f"standby: warmed up in {warm_up(spark, modules, analyze):.1f} s")
     warmed()
-    wait_free(checkpoints, announce=announce, every=(REWARM_S, lambda: warm_up(spark)))
-
-
+    wait_free(checkpoints, announce=announce, every=(REWARM_S, lambda: warm_up(spark, modules, analyze)))
