@@ -5,8 +5,10 @@ seconds after the active driver died instead of the half minute a fresh driver t
 
 In a job of your own::
 
+    from oncekit.sources.kafka import WARM_UP_MODULES, analyze_for_warm_up
+
     frame = kafka_stream(spark, servers, "events")   # analyzed now, while the active driver runs
-    stand_by(spark, [checkpoint])                      # warm up, then wait for the lease
+    stand_by(spark, [checkpoint], modules=WARM_UP_MODULES, analyze=analyze_for_warm_up)  # warm up, wait
     query = start_query(frame, sink, checkpoint)
 
 What a warm-up starts (measured on two cores: a fresh session's first query spends 10-15 s on

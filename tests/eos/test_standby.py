@@ -60,6 +60,16 @@ def wait_for_rows(dsn: str, table: str, expected: list[int], after: str, logs: P
         time.sleep(0.5)
 
 
+def postgres_drivers(kafka: KafkaConfig, dsn: str, topic: str, table: str, tmp_path: Path, crash_dir: Path,
+                     pipeline: str, env: dict[str, str]) -> tuple[DriverProcess, DriverProcess]:
+    """An active and a standby driver of ``pipeline`` into a fresh PostgreSQL table."""
+    prepare_target(pipeline, kafka, dsn, table)
+    ctx = PipelineContext(kafka.bootstrap_servers, topic, table, str(tmp_path / "checkpoint"), dsn=dsn,
+                          trigger={"processingTime": "1 second"}, max_offsets_per_trigger=500)
+    return (DriverProcess(pipeline, ctx, str(crash_dir), tmp_path / "active.log", env),
+            DriverProcess(pipeline, ctx, str(crash_dir), tmp_path / "standby.log", env, standby=True))
+
+
 def test_standby_campaign_ends_exactly_once_with_progress_after_every_fault(
     kafka: KafkaConfig, topic: str, tmp_path: Path, crash_dir: Path,
 ) -> None:
@@ -241,12 +251,8 @@ def test_an_active_driver_paused_in_its_driver_commit_past_a_takeover_changes_no
     left and replays it. Then the paused driver wakes, its driver commit goes on, and its
     listener commits: fenced, nothing of it changes the output. It stops, the standby goes on,
     and the table is the input exactly once, nothing prepared."""
-    prepare_target(pipeline, kafka, postgres_dsn, unique_name)
-    ctx = PipelineContext(kafka.bootstrap_servers, topic, unique_name, str(tmp_path / "checkpoint"), dsn=postgres_dsn,
-                          trigger={"processingTime": "1 second"}, max_offsets_per_trigger=500)
-    env = {EXPIRY_ENV: str(LEASE_EXPIRY_S)}
-    active = DriverProcess(pipeline, ctx, str(crash_dir), tmp_path / "active.log", env)
-    standby = DriverProcess(pipeline, ctx, str(crash_dir), tmp_path / "standby.log", env, standby=True)
+    active, standby = postgres_drivers(kafka, postgres_dsn, topic, unique_name, tmp_path, crash_dir, pipeline,
+                                       {EXPIRY_ENV: str(LEASE_EXPIRY_S)})
     expected: list[int] = []
 
     def step(after: str) -> None:
@@ -294,12 +300,8 @@ def test_an_active_driver_paused_in_its_abort_past_a_takeover_leaves_the_standby
     never the standby's, which the standby then commits. The table is the input exactly once,
     nothing prepared (PostgreSQL two-phase commit)."""
     pipeline = "postgres-two-phase-commit"
-    prepare_target(pipeline, kafka, postgres_dsn, unique_name)
-    ctx = PipelineContext(kafka.bootstrap_servers, topic, unique_name, str(tmp_path / "checkpoint"), dsn=postgres_dsn,
-                          trigger={"processingTime": "1 second"}, max_offsets_per_trigger=500)
-    env = {EXPIRY_ENV: str(LEASE_EXPIRY_S), "SPARK_MASTER": "local[2]"}
-    active = DriverProcess(pipeline, ctx, str(crash_dir), tmp_path / "active.log", env)
-    standby = DriverProcess(pipeline, ctx, str(crash_dir), tmp_path / "standby.log", env, standby=True)
+    active, standby = postgres_drivers(kafka, postgres_dsn, topic, unique_name, tmp_path, crash_dir, pipeline,
+                                       {EXPIRY_ENV: str(LEASE_EXPIRY_S), "SPARK_MASTER": "local[2]"})
     expected: list[int] = []
 
     def wait_for(point: str, driver: DriverProcess) -> None:
