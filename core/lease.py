@@ -160,6 +160,7 @@ class LeaseKeeper:
         self.lease = QueryLease(checkpoint)
         self.checkpoint = checkpoint
         self.run = ""
+        self.query_id: str | None = None  # Spark's id of the query, once it started (start_query)
         self._taken: str | None = None
         self._idle_since: float | None = None
         self._lock = threading.Lock()
@@ -244,11 +245,14 @@ def keeper(checkpoint: str) -> LeaseKeeper:
         return found
 
 
-def release_idle() -> None:
-    """Called by :func:`~oncekit.core.restart.supervise` when it gives up: release the leases of
-    this process's queries that failed and will not start again, so a standby takes over now."""
+def release_idle(where: Callable[[LeaseKeeper], bool] = lambda kept: True) -> None:
+    """Release the leases this process keeps for queries that failed, of the keepers ``where``
+    accepts (all by default), so a standby takes over now. Called by
+    :func:`~oncekit.core.restart.supervise` when it gives up (those queries will not start again
+    here), and by :func:`~oncekit.core.spark.query.start_query` for the same query started from
+    another checkpoint (a savepoint restored after the original failed)."""
     with _keepers_lock:
-        idle = [found for found in _keepers.values() if found.is_idle]
+        idle = [found for found in _keepers.values() if found.is_idle and where(found)]
     for found in idle:
         try:
             found.release()

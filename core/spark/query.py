@@ -28,7 +28,7 @@ from oncekit.core.deadline import bounded
 from oncekit.core.engine import CheckpointEngine
 from oncekit.core.errors import ConfigError, LeaseLostError, OncekitError, QueryStuckError, StallError
 from oncekit.core.journal import Journal
-from oncekit.core.lease import EXPIRES_S, RENEW_S, QueryLease, keeper
+from oncekit.core.lease import EXPIRES_S, RENEW_S, QueryLease, keeper, release_idle
 from oncekit.core.protocol import SinkConfig
 from oncekit.core.spark.plan import refuse_changed_replay
 from oncekit.core.spark.writer import QueryRun
@@ -435,6 +435,7 @@ class OncekitQuery:
                 lost = self.watchdog.lost_lease() if self.watchdog is not None else None
                 if lost is not None:
                     raise lost from exc
+                keeper(self.checkpoint).idle()  # failed: the lease is kept for a restart, at most IDLE_S
                 raise
             stall = self.watchdog.stall if self.watchdog is not None else None
             if isinstance(stall, QueryStuckError):
@@ -449,6 +450,16 @@ class OncekitQuery:
                 return True
             if deadline is not None and time.monotonic() >= deadline:
                 return False
+
+
+def _release_same_query_elsewhere(checkpoint: str) -> None:
+    """Give up the lease this process keeps for a failed run of the same query (same Spark query
+    id) from another checkpoint: starting it from ``checkpoint`` (a restored savepoint) means the
+    failed one will not be restarted (its checkpoint may be gone), and its lease would refuse
+    this start's sink claim."""
+    query_id = SparkLog(checkpoint).query_id()
+    if query_id is not None:
+        release_idle(lambda kept: kept.checkpoint != checkpoint and kept.query_id == query_id)
 
 
 def start_query(
@@ -480,6 +491,7 @@ def start_query(
         checkpoint = os.path.abspath(checkpoint)
     remote = is_connect(spark)
     run = QueryRun.started(listener=notify and not remote, committer=notify and remote)
+    _release_same_query_elsewhere(checkpoint)
     keeper(checkpoint).hold(run.token or "")
     refuse_changed_replay(frame, sink, checkpoint)
     writer = (frame.writeStream.format(sink.format_name).options(**sink.to_options(), **run.to_options())
@@ -495,6 +507,7 @@ def start_query(
     except Exception as exc:
         _refuse_missing_install(sink, exc)
         raise
+    keeper(checkpoint).query_id = str(query.id)
     if watcher is not None:
         watcher.watch(str(query.runId), sink, checkpoint, run.token or "")
     watchdog = BatchWatchdog(query, checkpoint, query_name or sink.sink_id, timeout_s, run.token or "").start()

@@ -108,6 +108,20 @@ def test_release_idle_gives_up_the_leases_of_queries_that_failed_for_good(tmp_pa
     assert QueryLease(str(tmp_path / "running")).holder() is None
 
 
+def test_release_idle_takes_only_the_keepers_it_is_told(tmp_path: Path) -> None:
+    from oncekit.core.lease import keeper
+
+    same, other = keeper(str(tmp_path / "same")), keeper(str(tmp_path / "other"))
+    same.query_id, other.query_id = "q1", "q2"
+    for kept in (same, other):
+        kept.hold("r")
+        kept.idle()
+    release_idle(lambda kept: kept.query_id == "q1")  # start_query of q1 from another checkpoint
+    assert QueryLease(str(tmp_path / "same")).holder() is None
+    assert QueryLease(str(tmp_path / "other")).holder() is not None
+    other.release()
+
+
 def test_a_restored_savepoint_is_refused_while_its_original_runs(tmp_path: Path) -> None:
     original, restored = tmp_path / "original", tmp_path / "restored"
     _write(original, host="other-host", pid=1, process="x", renewed_at=time.time())
