@@ -38,7 +38,7 @@ from oncekit.verify.clusterfaults import ClusterFaults
 from oncekit.verify.driver import DriverProcess
 from oncekit.verify.examples import EXAMPLES, PER_BATCH, PipelineContext, sink_kind
 from oncekit.verify.faults import CLUSTER_FAULTS, OUTAGES, POSTGRES_FAULTS, Fault, postgres_steps, schedule
-from oncekit.verify.io import KafkaOutput, Upstream, prepare_target, prepared_transactions, produce_input, table_ids
+from oncekit.verify.io import KafkaOutput, PipelineOutput, Upstream, prepare_target, produce_input
 from oncekit.verify.pgfaults import PostgresFaults, install_holds
 from oncekit.verify.report import CampaignReport, FaultResult
 
@@ -75,7 +75,7 @@ class Campaign:
         self.postgres_faults = PostgresFaults(services.postgres, output, self.crash_dir)
         self.cluster_faults = ClusterFaults(services.kafka, output if self.kind != "postgres" else topic,
                                             self.crash_dir, self.spark_log, spark_cluster)
-        self.kafka_output = KafkaOutput(self.kafka, output) if self.kind in ("kafka", "fan-out") else None
+        self.target = PipelineOutput(self.kind, self.kafka, services.postgres.dsn, output)
         self.driver = DriverProcess(pipeline, self.ctx, self.crash_dir, work / "driver.log", env or {})
         self.expected: list[int] = []
         self.upstream = upstream
@@ -91,23 +91,18 @@ class Campaign:
             logger.info("verify: output unreadable for now (%s)", exc)
             return None
 
+    @property
+    def kafka_output(self) -> KafkaOutput | None:
+        """The output topic's reader, when the pipeline writes to one."""
+        return self.target.kafka
+
     def output(self) -> list[Hashable]:
-        """Every record committed so far: ids, or (target, id) pairs when the pipeline writes to
-        a table and a topic, so that each target is held to exactly-once on its own."""
-        table = table_ids(self.services.postgres.dsn, self.ctx.output) if self.kind != "kafka" else []
-        topic = [int(v) for v in self.kafka_output.read(0.2)] if self.kafka_output is not None else []
-        records: list[Hashable] = []
-        if self.kind == "fan-out":
-            records += [("table", i) for i in table] + [("topic", i) for i in topic]
-        else:
-            records += topic if self.kind == "kafka" else table
-        return records
+        """Every record committed so far (:meth:`PipelineOutput.read`)."""
+        return self.target.read()
 
     def wanted(self) -> list[Hashable]:
-        """What :meth:`output` must hold: each input id once (once per target for a fan-out)."""
-        if self.kind == "fan-out":
-            return [(target, i) for target in ("table", "topic") for i in self.expected]
-        return list(self.expected)
+        """What :meth:`output` must hold for the input so far."""
+        return self.target.wanted(self.expected)
 
     def query_restarts(self) -> int:
         path = Path(self.ctx.checkpoint + ".restarts")
@@ -254,11 +249,9 @@ class Campaign:
         what it left behind (prepared transactions, partitions with an open Kafka transaction)."""
         code = self.driver.stop()
         final = compare(self.wanted(), self.output())
-        left = [f"prepared transaction {gid}" for gid in prepared_transactions(self.services.postgres.dsn, self.ctx.output)]
+        left = self.target.left_open()
         left += [f"prepared transaction {gid} lost by crash recovery" for gid in self.postgres_faults.lost]
-        if self.kafka_output is not None:
-            left += [f"open transaction in {self.ctx.output}[{p}]" for p in self.kafka_output.open_transactions()]
-            self.kafka_output.__exit__()
+        self.target.close()
         return code, final, left
 
 

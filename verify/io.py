@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
 from psycopg import sql
@@ -188,6 +190,49 @@ def committed_output(sink: str, kafka: KafkaConfig, dsn: str, target: str, expec
     if EXAMPLES[sink].kind == "kafka":
         return [int(v) for v in read_committed(kafka, target, expected, timeout_s=60)]
     return table_ids(dsn, target)
+
+
+class PipelineOutput:
+    """What a pipeline of kind ``kind`` (postgres, kafka or fan-out: :func:`sink_kind`) committed
+    to ``target`` (its table, its topic, or both of one name), read back as the harness judges
+    it: ids, or (target, id) pairs for a fan-out, so that each target is held to exactly-once on
+    its own. Called by the campaigns (:mod:`oncekit.verify.campaign`) and the standby tests."""
+
+    def __init__(self, kind: str, kafka: KafkaConfig, dsn: str, target: str) -> None:
+        self.kind, self.dsn, self.target = kind, dsn, target
+        self.kafka = KafkaOutput(kafka, target) if kind in ("kafka", "fan-out") else None
+
+    def read(self) -> list[Hashable]:
+        """Every record committed so far."""
+        table = table_ids(self.dsn, self.target) if self.kind != "kafka" else []
+        topic = [int(v) for v in self.kafka.read(0.2)] if self.kafka is not None else []
+        records: list[Hashable] = []
+        if self.kind == "fan-out":
+            records += [("table", i) for i in table] + [("topic", i) for i in topic]
+        else:
+            records += topic if self.kind == "kafka" else table
+        return records
+
+    def wanted(self, ids: Sequence[int]) -> list[Hashable]:
+        """What :meth:`read` must hold for input ``ids``: each once (once per target for a fan-out)."""
+        if self.kind == "fan-out":
+            return [(target, i) for target in ("table", "topic") for i in ids]
+        return [*ids]
+
+    def left_open(self, checkpoint: str | None = None) -> list[str]:
+        """What the pipeline left open: prepared transactions of its sinks, partitions with an open
+        Kafka transaction, and (given its ``checkpoint``) staged files not yet published."""
+        left = [f"prepared transaction {gid}" for gid in prepared_transactions(self.dsn, self.target)] \
+            if self.kind != "kafka" else []
+        if self.kafka is not None:
+            left += [f"open transaction in {self.target}[{p}]" for p in self.kafka.open_transactions()]
+        if checkpoint is not None:
+            left += [f"staged file {path}" for path in sorted(Path(checkpoint, "oncekit").glob("*/staged/**/*.arrow"))]
+        return left
+
+    def close(self) -> None:
+        if self.kafka is not None:
+            self.kafka.__exit__()
 
 
 def kit_rows(dsn: str, target: str) -> int:

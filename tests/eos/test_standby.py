@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,8 @@ from oncekit.core.lease import EXPIRY_ENV, LEASE
 from oncekit.core.spark_log import SparkLog
 from oncekit.verify import PipelineContext, compare, start_example
 from oncekit.verify.driver import DriverProcess, Timeline
-from oncekit.verify.io import KafkaOutput, prepare_target, prepared_transactions, table_ids
+from oncekit.verify.examples import sink_kind
+from oncekit.verify.io import KafkaOutput, PipelineOutput, prepare_target, prepared_transactions, table_ids
 from tests.eos.pipeline import COUNT, produce_input, read_committed
 
 pytestmark = [pytest.mark.services, pytest.mark.spark]
@@ -70,23 +72,33 @@ def postgres_drivers(kafka: KafkaConfig, dsn: str, topic: str, table: str, tmp_p
             DriverProcess(pipeline, ctx, str(crash_dir), tmp_path / "standby.log", env, standby=True))
 
 
+STANDBY_PIPELINES = ["kafka-transactional", "kafka-write-ahead-log", "postgres-two-phase-commit",
+                     "postgres-write-ahead-log", "fan-out-postgres-kafka-wal"]
+"""Every protocol: Kafka transactional and write-ahead log, PostgreSQL two-phase commit and
+write-ahead log, and one query fanned out into a table (two-phase commit) and a topic
+(write-ahead log)."""
+
+
+@pytest.mark.parametrize("pipeline", STANDBY_PIPELINES)
 def test_standby_campaign_ends_exactly_once_with_progress_after_every_fault(
-    kafka: KafkaConfig, topic: str, tmp_path: Path, crash_dir: Path,
+    kafka: KafkaConfig, postgres_dsn: str, topic: str, unique_name: str, tmp_path: Path, crash_dir: Path,
+    pipeline: str,
 ) -> None:
     """Kill -9 of the standby, of the active driver, of both one after the other, and an active
     driver paused (SIGSTOP) past its lease's expiry, which must stop without writing once it
     resumes: after each, all input so far is committed within PROGRESS_S; at the end, the output
-    is the input, exactly once."""
-    out = f"{topic}-out"
-    create_topic(kafka, out, partitions=2)
-    ctx = PipelineContext(kafka.bootstrap_servers, topic, out, str(tmp_path / "checkpoint"),
+    is the input, exactly once, with nothing prepared, no transaction open and nothing staged."""
+    out = unique_name
+    prepare_target(pipeline, kafka, postgres_dsn, out)
+    ctx = PipelineContext(kafka.bootstrap_servers, topic, out, str(tmp_path / "checkpoint"), dsn=postgres_dsn,
                           trigger={"processingTime": "1 second"}, max_offsets_per_trigger=500)
     env = {EXPIRY_ENV: str(LEASE_EXPIRY_S)}
     drivers: list[DriverProcess] = []
     expected: list[int] = []
+    output = PipelineOutput(sink_kind(pipeline), kafka, postgres_dsn, out)
 
     def driver(standby: bool) -> DriverProcess:
-        started = DriverProcess("kafka-transactional", ctx, str(crash_dir), tmp_path / f"driver{len(drivers)}.log", env,
+        started = DriverProcess(pipeline, ctx, str(crash_dir), tmp_path / f"driver{len(drivers)}.log", env,
                                 standby=standby)
         drivers.append(started)
         started.ensure_running()
@@ -94,44 +106,54 @@ def test_standby_campaign_ends_exactly_once_with_progress_after_every_fault(
             started.wait_step("query", PROGRESS_S)
         return started
 
-    def step(after: str, output: KafkaOutput) -> None:
-        progress(kafka, topic, expected, output, after, tmp_path)
+    def step(after: str) -> None:
+        """More input; all of it so far committed within PROGRESS_S, else a stall named by step."""
+        expected.extend(produce_input(kafka, topic, CHUNK, first=len(expected)))
+        want = Counter(output.wanted(expected))
+        deadline = time.monotonic() + PROGRESS_S
+        while want - Counter(output.read()):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{pipeline}: stall after {after}: {sum((want - Counter(output.read())).values())} "
+                                     f"records missing after {PROGRESS_S:.0f} s; driver logs in {tmp_path}")
+            time.sleep(0.5)
 
     try:
-        with KafkaOutput(kafka, out) as output:
-            # Each new standby warms up while the step after its start runs.
-            active, standby = driver(False), driver(True)
-            step("the start", output)
-            standby.wait_step("warm", PROGRESS_S)
-            standby.kill()
-            standby = driver(True)
-            step("kill -9 of the standby", output)
-            standby.wait_step("warm", PROGRESS_S)
-            active.kill()
-            active, standby = standby, driver(True)
-            step("kill -9 of the active driver (the standby took over)", output)
-            standby.wait_step("warm", PROGRESS_S)
-            active.kill()
-            standby.kill()
-            active, standby = driver(False), driver(True)  # a supervisor starts both again
-            step("kill -9 of the active driver and then of the standby", output)
-            standby.wait_step("warm", PROGRESS_S)
-            active.pause()
-            paused = time.monotonic()
-            step("the active driver paused past its lease's expiry (the standby took over)", output)
-            assert time.monotonic() - paused > LIVE_LEASE_S, "the standby took over from a live lease"
-            active.resume()
-            assert active.process is not None
-            active.process.wait(timeout=60)  # it found its lease taken and stopped: LeaseLostError
-            assert "lease is held by another driver" in active.log.read_text()
-            step("the paused driver resumed and stopped", output)
+        # Each new standby warms up while the step after its start runs.
+        active, standby = driver(False), driver(True)
+        step("the start")
+        standby.wait_step("warm", PROGRESS_S)
+        standby.kill()
+        standby = driver(True)
+        step("kill -9 of the standby")
+        standby.wait_step("warm", PROGRESS_S)
+        active.kill()
+        active, standby = standby, driver(True)
+        step("kill -9 of the active driver (the standby took over)")
+        standby.wait_step("warm", PROGRESS_S)
+        active.kill()
+        standby.kill()
+        active, standby = driver(False), driver(True)  # a supervisor starts both again
+        step("kill -9 of the active driver and then of the standby")
+        standby.wait_step("warm", PROGRESS_S)
+        active.pause()
+        paused = time.monotonic()
+        step("the active driver paused past its lease's expiry (the standby took over)")
+        assert time.monotonic() - paused > LIVE_LEASE_S, "the standby took over from a live lease"
+        active.resume()
+        assert active.process is not None
+        active.process.wait(timeout=60)  # it found its lease taken and stopped: LeaseLostError
+        assert "lease is held by another driver" in active.log.read_text()
+        step("the paused driver resumed and stopped")
         for running in drivers:
             running.stop()
+        time.sleep(1.0)  # late duplicates would show
+        verdict = compare(output.wanted(expected), output.read())
+        assert verdict.exactly_once, verdict.summary()
+        assert output.left_open(ctx.checkpoint) == []
     finally:
         for running in drivers:
             running.kill()
-    verdict = compare(expected, output_values(kafka, out, len(expected)))
-    assert verdict.exactly_once, verdict.summary()
+        output.close()
 
 
 def test_a_transient_query_failure_with_a_standby_waiting_restarts_in_place(
