@@ -1,7 +1,9 @@
-"""A standby driver and a driver that lost its lease (issue 23 item 3), against a real broker:
-the standby campaign (kills of the active driver, of the standby, of both, and an active driver
-paused past its lease's expiry) ends exactly once with progress after every fault; a driver whose
-lease another run took stops its query and journals nothing more."""
+"""Failover with a standby driver, fenced at the sinks (issue 33), against real Kafka, PostgreSQL
+and Spark: the standby campaign runs every protocol through a transient failure, kills of the
+active driver, of the standby and of both, and an active driver paused past its lease's expiry in
+its driver commit and in its abort, and ends exactly once with progress after every fault; a
+driver whose lease another run took stops its query and journals nothing more; a second driver
+from another pid namespace with the same host name is refused."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from oncekit.core.spark_log import SparkLog
 from oncekit.verify import PipelineContext, compare, start_example
 from oncekit.verify.driver import DriverProcess, Timeline
 from oncekit.verify.examples import sink_kind
-from oncekit.verify.io import KafkaOutput, PipelineOutput, prepare_target, prepared_transactions, table_ids
+from oncekit.verify.io import KafkaOutput, PipelineOutput, prepare_target
 from tests.eos.pipeline import COUNT, produce_input, read_committed
 
 pytestmark = [pytest.mark.services, pytest.mark.spark]
@@ -52,26 +54,6 @@ def progress(kafka: KafkaConfig, topic: str, expected: list[int], output: KafkaO
         time.sleep(0.5)
 
 
-def wait_for_rows(dsn: str, table: str, expected: list[int], after: str, logs: Path) -> None:
-    """All of ``expected`` in ``table`` within PROGRESS_S, else a stall named by step."""
-    deadline = time.monotonic() + PROGRESS_S
-    while len(table_ids(dsn, table)) < len(expected):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"stall after {after}: {len(table_ids(dsn, table))} of {len(expected)} rows "
-                                 f"committed after {PROGRESS_S:.0f} s; logs in {logs}")
-        time.sleep(0.5)
-
-
-def postgres_drivers(kafka: KafkaConfig, dsn: str, topic: str, table: str, tmp_path: Path, crash_dir: Path,
-                     pipeline: str, env: dict[str, str]) -> tuple[DriverProcess, DriverProcess]:
-    """An active and a standby driver of ``pipeline`` into a fresh PostgreSQL table."""
-    prepare_target(pipeline, kafka, dsn, table)
-    ctx = PipelineContext(kafka.bootstrap_servers, topic, table, str(tmp_path / "checkpoint"), dsn=dsn,
-                          trigger={"processingTime": "1 second"}, max_offsets_per_trigger=500)
-    return (DriverProcess(pipeline, ctx, str(crash_dir), tmp_path / "active.log", env),
-            DriverProcess(pipeline, ctx, str(crash_dir), tmp_path / "standby.log", env, standby=True))
-
-
 STANDBY_PIPELINES = ["kafka-transactional", "kafka-write-ahead-log", "postgres-two-phase-commit",
                      "postgres-write-ahead-log", "fan-out-postgres-kafka-wal"]
 """Every protocol: Kafka transactional and write-ahead log, PostgreSQL two-phase commit and
@@ -84,18 +66,28 @@ def test_standby_campaign_ends_exactly_once_with_progress_after_every_fault(
     kafka: KafkaConfig, postgres_dsn: str, topic: str, unique_name: str, tmp_path: Path, crash_dir: Path,
     pipeline: str,
 ) -> None:
-    """Kill -9 of the standby, of the active driver, of both one after the other, and an active
-    driver paused (SIGSTOP) past its lease's expiry, which must stop without writing once it
-    resumes: after each, all input so far is committed within PROGRESS_S; at the end, the output
-    is the input, exactly once, with nothing prepared, no transaction open and nothing staged."""
+    """An active driver and a warm standby on one checkpoint, through every fault of a failover:
+
+    - a transient task failure of the active driver (``local[2]``: Spark does not retry the
+      task, so the query fails): it restarts in place and the standby keeps waiting;
+    - kill -9 of the standby, of the active driver, of both one after the other;
+    - the active driver paused (SIGSTOP) past its lease's expiry in the middle of its driver
+      commit (the batch journaled, not yet logged by Spark): the standby takes over and replays
+      the batch; woken, the old driver's commit goes on, fenced, and it stops;
+    - the active driver paused past the expiry in the middle of its abort of a failed batch,
+      woken once the standby has journaled its replay: it aborts only its own run's work.
+
+    After each fault all input so far is committed within PROGRESS_S; at the end the output is
+    the input exactly once (per target), nothing prepared, no transaction open, nothing staged."""
     out = unique_name
     prepare_target(pipeline, kafka, postgres_dsn, out)
     ctx = PipelineContext(kafka.bootstrap_servers, topic, out, str(tmp_path / "checkpoint"), dsn=postgres_dsn,
                           trigger={"processingTime": "1 second"}, max_offsets_per_trigger=500)
-    env = {EXPIRY_ENV: str(LEASE_EXPIRY_S)}
+    env = {EXPIRY_ENV: str(LEASE_EXPIRY_S), "SPARK_MASTER": "local[2]"}
     drivers: list[DriverProcess] = []
     expected: list[int] = []
     output = PipelineOutput(sink_kind(pipeline), kafka, postgres_dsn, out)
+    restarts = Path(ctx.checkpoint + ".restarts")
 
     def driver(standby: bool) -> DriverProcess:
         started = DriverProcess(pipeline, ctx, str(crash_dir), tmp_path / f"driver{len(drivers)}.log", env,
@@ -106,9 +98,8 @@ def test_standby_campaign_ends_exactly_once_with_progress_after_every_fault(
             started.wait_step("query", PROGRESS_S)
         return started
 
-    def step(after: str) -> None:
-        """More input; all of it so far committed within PROGRESS_S, else a stall named by step."""
-        expected.extend(produce_input(kafka, topic, CHUNK, first=len(expected)))
+    def caught_up(after: str) -> None:
+        """All input so far committed within PROGRESS_S, else a stall named by step."""
         want = Counter(output.wanted(expected))
         deadline = time.monotonic() + PROGRESS_S
         while want - Counter(output.read()):
@@ -117,11 +108,35 @@ def test_standby_campaign_ends_exactly_once_with_progress_after_every_fault(
                                      f"records missing after {PROGRESS_S:.0f} s; driver logs in {tmp_path}")
             time.sleep(0.5)
 
+    def step(after: str) -> None:
+        expected.extend(produce_input(kafka, topic, CHUNK, first=len(expected)))
+        caught_up(after)
+
+    def reached(point: str, by: DriverProcess) -> None:
+        deadline = time.monotonic() + PROGRESS_S
+        while fired_at(crash_dir, point) is None:
+            assert time.monotonic() < deadline, f"{pipeline}: {point} never reached; see {by.log}"
+            time.sleep(0.2)
+
+    def ended(woken: DriverProcess) -> None:
+        """A woken driver whose lease was taken stops by itself (LeaseLostError or FencedError)."""
+        assert woken.process is not None
+        woken.process.wait(timeout=120)
+
     try:
         # Each new standby warms up while the step after its start runs.
         active, standby = driver(False), driver(True)
         step("the start")
         standby.wait_step("warm", PROGRESS_S)
+
+        arm(crash_dir, "task_before_write")
+        step("a transient task failure of the active driver")
+        assert fired(crash_dir) == ["task_before_write"]
+        assert len(restarts.read_text().splitlines()) == 1, f"restarts: {restarts.read_text()}"
+        assert active.process is not None and active.process.poll() is None, "the active driver ended"
+        assert not [e for e in Timeline(ctx.checkpoint).read() if e["step"] == "takeover"], \
+            "the standby took over from a driver that only restarted its query"
+
         standby.kill()
         standby = driver(True)
         step("kill -9 of the standby")
@@ -135,15 +150,35 @@ def test_standby_campaign_ends_exactly_once_with_progress_after_every_fault(
         active, standby = driver(False), driver(True)  # a supervisor starts both again
         step("kill -9 of the active driver and then of the standby")
         standby.wait_step("warm", PROGRESS_S)
+
+        arm(crash_dir, "driver_after_journal", hold=True)
+        expected.extend(produce_input(kafka, topic, CHUNK, first=len(expected)))
+        reached("driver_after_journal", active)
         active.pause()
         paused = time.monotonic()
-        step("the active driver paused past its lease's expiry (the standby took over)")
+        caught_up("the active driver paused in its driver commit past its lease's expiry")
         assert time.monotonic() - paused > LIVE_LEASE_S, "the standby took over from a live lease"
         active.resume()
-        assert active.process is not None
-        active.process.wait(timeout=60)  # it found its lease taken and stopped: LeaseLostError
-        assert "lease is held by another driver" in active.log.read_text()
-        step("the paused driver resumed and stopped")
+        release(crash_dir, "driver_after_journal")
+        ended(active)
+        active, standby = standby, driver(True)
+        step("the driver paused in its commit woke and stopped")
+        standby.wait_step("warm", PROGRESS_S)
+
+        arm(crash_dir, "task_before_write")
+        arm(crash_dir, "driver_abort", hold=True)
+        expected.extend(produce_input(kafka, topic, CHUNK, first=len(expected)))
+        reached("driver_abort", active)
+        active.pause()
+        arm(crash_dir, "driver_after_journal", hold=True)  # the standby's replay, journaled
+        reached("driver_after_journal", standby)
+        active.resume()
+        release(crash_dir, "driver_abort")
+        ended(active)
+        release(crash_dir, "driver_after_journal")
+        caught_up("the driver paused in its abort woke and stopped")
+        step("more input after the takeover")
+
         for running in drivers:
             running.stop()
         time.sleep(1.0)  # late duplicates would show
@@ -151,51 +186,11 @@ def test_standby_campaign_ends_exactly_once_with_progress_after_every_fault(
         assert verdict.exactly_once, verdict.summary()
         assert output.left_open(ctx.checkpoint) == []
     finally:
+        for point in ("driver_abort", "driver_after_journal"):
+            release(crash_dir, point)
         for running in drivers:
             running.kill()
         output.close()
-
-
-def test_a_transient_query_failure_with_a_standby_waiting_restarts_in_place(
-    kafka: KafkaConfig, topic: str, tmp_path: Path, crash_dir: Path,
-) -> None:
-    """One task of the active driver dies once, and Spark does not retry it (``local[2]`` gives a
-    task one attempt), so the query fails: its restart strategy restarts it in place, the waiting
-    standby keeps waiting (the lease is kept through the restart), and the output is exactly once."""
-    out = f"{topic}-out"
-    create_topic(kafka, out, partitions=2)
-    ctx = PipelineContext(kafka.bootstrap_servers, topic, out, str(tmp_path / "checkpoint"),
-                          trigger={"processingTime": "1 second"}, max_offsets_per_trigger=500)
-    env = {EXPIRY_ENV: str(LEASE_EXPIRY_S), "SPARK_MASTER": "local[2]"}
-    active = DriverProcess("kafka-transactional", ctx, str(crash_dir), tmp_path / "active.log", env)
-    standby = DriverProcess("kafka-transactional", ctx, str(crash_dir), tmp_path / "standby.log", env, standby=True)
-    expected: list[int] = []
-
-    def step(after: str, output: KafkaOutput) -> None:
-        progress(kafka, topic, expected, output, after, tmp_path)
-
-    try:
-        with KafkaOutput(kafka, out) as output:
-            active.ensure_running()
-            active.wait_step("query", PROGRESS_S)
-            standby.ensure_running()
-            standby.wait_step("warm", PROGRESS_S)
-            step("the start", output)
-            arm(crash_dir, "task_before_write")
-            step("a task's worker died once", output)
-            assert fired(crash_dir) == ["task_before_write"]
-            restarts = Path(ctx.checkpoint + ".restarts").read_text().splitlines()
-            assert len(restarts) == 1, f"the active driver restarted its query {len(restarts)} times: {restarts}"
-            assert active.process is not None and active.process.poll() is None, "the active driver ended"
-            took_over = [e for e in Timeline(ctx.checkpoint).read() if e["step"] == "takeover"]
-            assert not took_over, "the standby took over from a driver that only restarted its query"
-            step("the restart in place", output)
-        active.stop()
-    finally:
-        active.kill()
-        standby.kill()
-    verdict = compare(expected, output_values(kafka, out, len(expected)))
-    assert verdict.exactly_once, verdict.summary()
 
 
 def test_a_driver_whose_lease_another_run_took_stops_and_journals_nothing_more(
@@ -261,105 +256,3 @@ def test_a_second_driver_in_another_pid_namespace_with_the_same_host_name_does_n
         other.kill()
     verdict = compare(expected, output_values(kafka, out, len(expected)))
     assert verdict.exactly_once, verdict.summary()
-
-
-@pytest.mark.parametrize("pipeline", ["postgres-two-phase-commit"])
-def test_an_active_driver_paused_in_its_driver_commit_past_a_takeover_changes_nothing_when_it_wakes(
-    kafka: KafkaConfig, postgres_dsn: str, topic: str, unique_name: str, tmp_path: Path, crash_dir: Path,
-    pipeline: str,
-) -> None:
-    """The active driver journals a batch and is paused right there, in its driver commit (before
-    Spark logs the batch), past its lease's expiry: the standby takes over, aborts what the batch
-    left and replays it. Then the paused driver wakes, its driver commit goes on, and its
-    listener commits: fenced, nothing of it changes the output. It stops, the standby goes on,
-    and the table is the input exactly once, nothing prepared."""
-    active, standby = postgres_drivers(kafka, postgres_dsn, topic, unique_name, tmp_path, crash_dir, pipeline,
-                                       {EXPIRY_ENV: str(LEASE_EXPIRY_S)})
-    expected: list[int] = []
-
-    def step(after: str) -> None:
-        expected.extend(produce_input(kafka, topic, CHUNK, first=len(expected)))
-        wait_for_rows(postgres_dsn, unique_name, expected, after, tmp_path)
-
-    try:
-        active.ensure_running()
-        active.wait_step("query", PROGRESS_S)
-        standby.ensure_running()
-        standby.wait_step("warm", PROGRESS_S)
-        step("the start")
-        arm(crash_dir, "driver_after_journal", hold=True)
-        expected.extend(produce_input(kafka, topic, CHUNK, first=len(expected)))
-        deadline = time.monotonic() + PROGRESS_S
-        while fired_at(crash_dir, "driver_after_journal") is None:
-            assert time.monotonic() < deadline, f"the active driver never reached its driver commit; see {active.log}"
-            time.sleep(0.2)
-        active.pause()
-        paused = time.monotonic()
-        wait_for_rows(postgres_dsn, unique_name, expected, "the active driver paused in its driver commit", tmp_path)
-        assert time.monotonic() - paused > LIVE_LEASE_S, "the standby took over from a live lease"
-        active.resume()
-        release(crash_dir, "driver_after_journal")
-        assert active.process is not None
-        active.process.wait(timeout=120)  # it found its lease taken, or its run fenced, and stopped
-        step("the paused driver woke and stopped")
-        standby.stop()
-    finally:
-        release(crash_dir, "driver_after_journal")
-        active.kill()
-        standby.kill()
-    verdict = compare(expected, table_ids(postgres_dsn, unique_name))
-    assert verdict.exactly_once, verdict.summary()
-    assert prepared_transactions(postgres_dsn, unique_name) == []
-
-
-def test_an_active_driver_paused_in_its_abort_past_a_takeover_leaves_the_standbys_replay_alone(
-    kafka: KafkaConfig, postgres_dsn: str, topic: str, unique_name: str, tmp_path: Path, crash_dir: Path,
-) -> None:
-    """A task of the active driver fails (``local[2]``: no retry), so Spark aborts the batch on the
-    driver; the driver is paused right there, past its lease's expiry. The standby takes over and
-    replays the batch, and is held once it has journaled it (its transactions prepared). Then the
-    paused driver wakes and its abort goes on: it must abort only its own run's transactions,
-    never the standby's, which the standby then commits. The table is the input exactly once,
-    nothing prepared (PostgreSQL two-phase commit)."""
-    pipeline = "postgres-two-phase-commit"
-    active, standby = postgres_drivers(kafka, postgres_dsn, topic, unique_name, tmp_path, crash_dir, pipeline,
-                                       {EXPIRY_ENV: str(LEASE_EXPIRY_S), "SPARK_MASTER": "local[2]"})
-    expected: list[int] = []
-
-    def wait_for(point: str, driver: DriverProcess) -> None:
-        deadline = time.monotonic() + PROGRESS_S
-        while fired_at(crash_dir, point) is None:
-            assert time.monotonic() < deadline, f"{point} never reached; see {driver.log}"
-            time.sleep(0.2)
-
-    try:
-        active.ensure_running()
-        active.wait_step("query", PROGRESS_S)
-        standby.ensure_running()
-        standby.wait_step("warm", PROGRESS_S)
-        expected.extend(produce_input(kafka, topic, CHUNK, first=len(expected)))
-        wait_for_rows(postgres_dsn, unique_name, expected, "the start", tmp_path)
-        arm(crash_dir, "task_before_write")
-        arm(crash_dir, "driver_abort", hold=True)
-        expected.extend(produce_input(kafka, topic, CHUNK, first=len(expected)))
-        wait_for("driver_abort", active)
-        active.pause()
-        arm(crash_dir, "driver_after_journal", hold=True)  # the standby's replay, journaled and prepared
-        wait_for("driver_after_journal", standby)
-        active.resume()
-        release(crash_dir, "driver_abort")
-        assert active.process is not None
-        active.process.wait(timeout=120)  # its abort went on, then it found its lease taken and stopped
-        release(crash_dir, "driver_after_journal")
-        wait_for_rows(postgres_dsn, unique_name, expected, "the paused driver's abort went on", tmp_path)
-        expected.extend(produce_input(kafka, topic, CHUNK, first=len(expected)))
-        wait_for_rows(postgres_dsn, unique_name, expected, "more input after the takeover", tmp_path)
-        standby.stop()
-    finally:
-        for point in ("driver_abort", "driver_after_journal"):
-            release(crash_dir, point)
-        active.kill()
-        standby.kill()
-    verdict = compare(expected, table_ids(postgres_dsn, unique_name))
-    assert verdict.exactly_once, verdict.summary()
-    assert prepared_transactions(postgres_dsn, unique_name) == []
