@@ -219,6 +219,29 @@ def test_same_sink_id_from_two_checkpoints_refused_at_start(
     engine_of(config, second)
 
 
+@pytest.mark.parametrize("protocol", ["postgres two-phase-commit", "postgres write-ahead-log",
+                                      "kafka transactional", "kafka write-ahead-log"])
+def test_a_new_checkpoint_taking_over_a_retired_querys_sink_id_commits_its_own_batches(
+        kafka: KafkaConfig, postgres_dsn: str, table: str, tmp_path: Path, protocol: str) -> None:
+    """The first query retired (its checkpoint deleted); a new query on a new checkpoint takes its
+    sink id over and writes its own batch 1: the first query's records of batch 1 (marker rows,
+    recorded checkpoints, marker topics) must not make the sink skip it as already committed."""
+    kind, name = protocol.split()
+    out = table.replace("_", "-")
+    config = postgres_sink(postgres_dsn, table, name, columns=("id", "payload")) if kind == "postgres" \
+        else kafka_sink(kafka.bootstrap_servers, out, name)
+    rows = table_rows if kind == "postgres" else topic_rows
+    first, second = tmp_path / "first", tmp_path / "second"
+    spark_logged(first, 0)
+    run_batch(engine_of(config, first), 1, [rows([0]), rows([1])], first)
+    subprocess.run(["rm", "-rf", str(first)], check=True)  # the first query retired: its checkpoint deleted
+    spark_logged(second, 0)
+    run_batch(engine_of(config, second), 1, [rows([2]), rows([3])], second)
+    got = ids_of(postgres_dsn, table) if kind == "postgres" else [int(v) for v in read_committed(kafka, out, 4)]
+    verdict = compare([0, 1, 2, 3], got)
+    assert verdict.exactly_once, verdict.summary()
+
+
 # -- Spark's own files and the source's offsets -----------------------------------------------
 
 def drain(spark: Any, kafka: KafkaConfig, topic: str, sink: SinkConfig, checkpoint: str) -> None:
