@@ -190,12 +190,19 @@ class Sink(ABC):
         sink id share transaction ids, markers and marker rows: each would take the other's
         batches for its own and skip them, or abort the other's transactions. A checkpoint
         deleted to start over, or a savepoint restored (same query id) while its original is
-        stopped, takes the id over. Not atomic: two first starts at the same moment both pass."""
+        stopped, takes the id over. Another query taking it over starts its batch numbers again,
+        so the previous query's batch records are dropped first (:meth:`reset`): they would answer
+        for the new query's batches of the same numbers, which would be skipped as committed. Not
+        atomic: two first starts at the same moment both pass."""
         current = self.recorded_owner()
         if current is not None and current != owner:
             reason = in_use(current, owner)
             if reason is not None:
                 raise ConfigError(f"sink {self.sink_id}: {reason}; this query's checkpoint is {owner.checkpoint}")
+            if current.query_id != owner.query_id:
+                logger.info("sink %s: query %s takes the sink id over from query %s; dropping its batch records",
+                            self.sink_id, owner.query_id, current.query_id)
+                self.reset()  # before the new owner is recorded: a crash in between resets again
         if current != owner:
             self.record_owner(owner)
 
@@ -206,6 +213,11 @@ class Sink(ABC):
 
     def record_owner(self, owner: SinkOwner) -> None:
         """Driver: record ``owner`` for this sink id in the target, replacing any other."""
+
+    def reset(self) -> None:
+        """Driver, from :meth:`claim`, when another query takes the sink id over: drop every
+        record of the previous query's batches (marker rows, recorded checkpoints, batch
+        markers); raise when they cannot be dropped. The default keeps none."""
 
     def forget(self, before_batch: int) -> None:
         """Driver, in recovery, after the journal dropped batches Spark no longer keeps: drop the

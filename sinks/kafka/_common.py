@@ -220,6 +220,11 @@ class KafkaSinkBase:
         if self.config.protocol != "at-least-once":
             self.markers.record_owner(owner)
 
+    def reset(self) -> None:
+        """Every writer's latest batch marker becomes "none" (:meth:`MarkerLog.reset`)."""
+        if self.config.protocol != "at-least-once":
+            self.markers.reset()
+
     # -- clients -------------------------------------------------------------------------------
 
     def _new_producer(self, **extra: Any) -> SinkProducer:

@@ -62,6 +62,9 @@ TOPIC_CONFIG = {"cleanup.policy": "compact", "segment.bytes": str(16 * 1024 * 10
 small segments, so the compaction that bounds its size runs soon."""
 
 _MARKER_KEY, _OWNER_KEY = b"batch", b"owner"
+_NO_MARKER = b"{}"
+"""A writer's marker after :meth:`MarkerLog.reset`: it has published no batch of the sink's
+current query."""
 _CLIENT_LOG = client_log(__name__ + ".librdkafka")
 
 _partitions_seen: dict[str, int] = {}  # marker topic: partitions this process knows exist
@@ -192,9 +195,9 @@ class MarkerLog:
                     writer = int(suffix[1:]) if suffix else 0
                     marker = BatchMarker(committed.offset - 1, int(old["rows"]), str(old["checksum"]))
                     records.append((MarkerTopic.partition_of(writer), _MARKER_KEY, marker.to_bytes()))
-        for partition, key, value in records:
+        for partition, _, _ in records:
             self._require_partition_for(partition)
-            self._write(partition, key, value)
+        self._write(records)
         if records:
             logger.warning("kafka sink %s: carried %s markers over from consumer groups %s into %s", self.sink_id,
                            len(records), groups, self.topic)
@@ -211,11 +214,20 @@ class MarkerLog:
 
     def record_owner(self, owner: SinkOwner) -> None:
         value = json.dumps({"query_id": owner.query_id, "checkpoint": owner.checkpoint}).encode()
-        self._write(MarkerTopic.OWNER_PARTITION, _OWNER_KEY, value)
+        self._write([(MarkerTopic.OWNER_PARTITION, _OWNER_KEY, value)])
 
-    def _write(self, partition: int, key: bytes, value: bytes) -> None:
-        """One record outside any transaction, acknowledged by the cluster (the owner, or a
-        marker carried over)."""
+    def reset(self) -> None:
+        """Driver, from the sink's claim when another query takes the sink id over: every
+        writer's latest marker becomes "none" (:data:`_NO_MARKER`), so that the new query's
+        batches, numbered from its own start, are never taken for the previous query's."""
+        count = self._count(AdminClient(self.kafka.settings(logger=_CLIENT_LOG)))
+        writers = range(MarkerTopic.OWNER_PARTITION + 1, count)
+        self._write([(partition, _MARKER_KEY, _NO_MARKER) for partition in writers])
+        logger.info("kafka sink %s: markers of %s writers reset in %s", self.sink_id, len(writers), self.topic)
+
+    def _write(self, records: list[tuple[int, bytes, bytes]]) -> None:
+        """Records (partition, key, value) outside any transaction, acknowledged by the cluster
+        (the owner, markers carried over or reset)."""
         failures: list[str] = []
 
         def delivered(error: KafkaError | None, _: object) -> None:
@@ -223,10 +235,11 @@ class MarkerLog:
                 failures.append(error.str())
 
         producer = Producer({**self.kafka.settings(enable_idempotence=True, logger=_CLIENT_LOG), "on_delivery": delivered})
-        producer.produce(self.topic, value, key, partition=partition)
-        remaining = bounded(f"kafka sink {self.sink_id}: write to {self.topic}[{partition}]", 65, producer.flush, 60)
+        for partition, key, value in records:
+            producer.produce(self.topic, value, key, partition=partition)
+        remaining = bounded(f"kafka sink {self.sink_id}: write to {self.topic}", 65, producer.flush, 60)
         if remaining or failures:
-            raise ServiceError(f"kafka sink {self.sink_id}: could not write to {self.topic}[{partition}]: "
+            raise ServiceError(f"kafka sink {self.sink_id}: could not write to {self.topic}: "
                                f"{failures[0] if failures else 'timed out'}")
 
     # -- task or publisher: markers -------------------------------------------------------------
@@ -282,7 +295,7 @@ class MarkerLog:
         partition = MarkerTopic.partition_of(writer)
         value = bounded(f"{where}: marker read from {self.topic}[{partition}]", READ_S + settle_s + 5, self._last,
                         partition, where, settle_s)
-        return None if value is None else BatchMarker.from_bytes(value)
+        return None if value is None or value == _NO_MARKER else BatchMarker.from_bytes(value)
 
     def _last(self, partition: int, where: str, settle_s: float) -> bytes | None:
         """The value of the last committed record of ``partition``, None if it has none, once

@@ -35,7 +35,7 @@ from psycopg import sql
 
 from oncekit.connectors.postgres import check_server
 from oncekit.connectors.redact import redact_dsn
-from oncekit.core.errors import BadRecordError, ConfigError, FencedError, OncekitError
+from oncekit.core.errors import BadRecordError, ConfigError, FencedError, OncekitError, ServiceError
 from oncekit.core.protocol import Sink, SinkOwner, TaskInfo
 from oncekit.sinks.postgres._csv import csv_for_copy
 from oncekit.sinks.postgres._pool import LOCK_TIMEOUT_S, POOL
@@ -296,6 +296,10 @@ class TableWriter:
 class PostgresSinkBase(Sink):
     """What the four protocols share: connections, preflight, staging tables. Built by
     ``PostgresSinkConfig.build`` in the driver's worker, a task, or the listener."""
+
+    BATCH_RECORDS: str | None = None
+    """The kit's table beside the target where the protocol records its committed batches
+    (marker rows, recorded checkpoints), if it keeps one."""
     def __init__(self, config: PostgresSinkConfig, checkpoint: str) -> None:
         self.config, self.checkpoint = config, checkpoint
         self.sink_id = config.sink_id
@@ -390,19 +394,36 @@ class PostgresSinkBase(Sink):
                 "DO UPDATE SET query_id = EXCLUDED.query_id, checkpoint = EXCLUDED.checkpoint, claimed_at = now()"
             ).format(identifier(in_schema_of(self.config.table, OWNER_TABLE))), (self.sink_id, owner.query_id, owner.checkpoint))
 
-    def forget_recorded(self, table: str, before_batch: int) -> None:
-        """Driver, from ``forget``: delete this sink's rows of batches before ``before_batch``
-        from the kit's table ``table`` (beside the target). A failure only delays it: the next
-        recovery that prunes the journal deletes the same rows and newer ones."""
+    def forget(self, before_batch: int) -> None:
+        """Driver, in recovery: delete this sink's rows of batches before ``before_batch`` from
+        its :attr:`BATCH_RECORDS` table. They answer "committed?" only for batches recovery may
+        still commit; one row per batch (and partition) would grow forever. A failure only
+        delays it: the next recovery that prunes the journal deletes the same rows and newer ones."""
         try:
-            with self.connection(autocommit=True) as conn:
-                deleted = conn.execute(sql.SQL("DELETE FROM {} WHERE sink_id = %s AND batch_id < %s").format(
-                    identifier(in_schema_of(self.config.table, table))), (self.sink_id, before_batch)).rowcount
+            self._delete_batch_records(before_batch)
         except (psycopg.Error, OncekitError) as exc:
             logger.warning("sink %s: could not delete rows of batches before %s from %s: %s", self.sink_id,
-                           before_batch, table, exc)
+                           before_batch, self.BATCH_RECORDS, exc)
+
+    def reset(self) -> None:
+        """Driver, from ``claim``, when another query takes the sink id over: delete all of this
+        sink's rows from its :attr:`BATCH_RECORDS` table."""
+        try:
+            self._delete_batch_records(None)
+        except psycopg.Error as exc:
+            raise ServiceError(f"{FORMAT} sink {self.sink_id}: cannot delete the previous query's rows from "
+                               f"{self.BATCH_RECORDS}: {exc}") from exc
+
+    def _delete_batch_records(self, before_batch: int | None) -> None:
+        if self.BATCH_RECORDS is None:
             return
-        logger.info("sink %s: deleted %s rows of batches before %s from %s", self.sink_id, deleted, before_batch, table)
+        below = sql.SQL("") if before_batch is None else sql.SQL(" AND batch_id < %s")
+        with self.connection(autocommit=True) as conn:
+            deleted = conn.execute(sql.SQL("DELETE FROM {} WHERE sink_id = %s{}").format(
+                identifier(in_schema_of(self.config.table, self.BATCH_RECORDS)), below),
+                (self.sink_id,) if before_batch is None else (self.sink_id, before_batch)).rowcount
+        logger.info("sink %s: deleted %s rows%s from %s", self.sink_id, deleted,
+                    "" if before_batch is None else f" of batches before {before_batch}", self.BATCH_RECORDS)
 
     def _check_conflict_target(self, conn: psycopg.Connection[Any]) -> None:
 

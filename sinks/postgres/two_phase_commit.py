@@ -41,6 +41,8 @@ class PostgresTwoPhaseCommitSink(PostgresSinkBase, TwoPhaseCommitSink["_Prepared
     run prepared it (two drivers on one checkpoint), and a second one waits for the first to
     finish (a lock wait that gives up after the pool's lock timeout) before it can prepare."""
 
+    BATCH_RECORDS = MARKER_TABLE
+
     def preflight(self, resumed: bool = False) -> None:
         with self.connection(autocommit=True) as conn:
             row = conn.execute("SHOW max_prepared_transactions").fetchone()
@@ -214,11 +216,6 @@ class PostgresTwoPhaseCommitSink(PostgresSinkBase, TwoPhaseCommitSink["_Prepared
             except (psycopg.errors.ObjectNotInPrerequisiteState, psycopg.errors.ObjectInUse):
                 time.sleep(0.1)
         raise CommitError(f"{FORMAT} sink {self.sink_id}: prepared transaction {transaction_id} stayed busy for 10 s")
-
-    def forget(self, before_batch: int) -> None:
-        """Marker rows answer "committed or rolled back?" only for batches recovery may still
-        commit; older ones go (one row per partition and batch would grow forever)."""
-        self.forget_recorded(MARKER_TABLE, before_batch)
 
     def _marker_visible(self, conn: psycopg.Connection[Any], transaction_id: str) -> bool:
 

@@ -22,6 +22,8 @@ class PostgresWriteAheadSink(PostgresSinkBase, WriteAheadSink):
     """Tasks stage Arrow files under the checkpoint; on completion one transaction writes them and
     records (sink, batch) in ``oncekit_checkpoints``, so a repeated notification writes nothing."""
 
+    BATCH_RECORDS = CHECKPOINT_TABLE
+
     def __init__(self, config: PostgresSinkConfig, checkpoint: str) -> None:
         super().__init__(config, checkpoint)
         self.staged = StagedFiles(checkpoint, config.sink_id)
@@ -32,11 +34,6 @@ class PostgresWriteAheadSink(PostgresSinkBase, WriteAheadSink):
             "CREATE TABLE IF NOT EXISTS {} (sink_id text NOT NULL, batch_id bigint NOT NULL, rows bigint NOT NULL, "
             "committed_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (sink_id, batch_id))"
         ).format(identifier(in_schema_of(self.config.table, CHECKPOINT_TABLE))))
-
-    def forget(self, before_batch: int) -> None:
-        """A recorded batch stops a repeated publication only while a notification may still
-        come for it; older records go."""
-        self.forget_recorded(CHECKPOINT_TABLE, before_batch)
 
     def send_values(self, batch_id: int, committables: Sequence[Committable]) -> CommitOutcome:
         with self.connection(autocommit=True) as conn:
