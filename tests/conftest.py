@@ -7,6 +7,9 @@ Makefile sets containers). A service that cannot start fails the run: nothing he
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -67,6 +70,35 @@ def spark() -> Iterator[Any]:
     register(session)
     yield session
     session.stop()
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The kit's wheel, built from a copy of the checkout (setuptools leaves build/ and
+    *.egg-info beside the sources it builds)."""
+    tmp_path = tmp_path_factory.mktemp("wheel")
+    source = tmp_path / "src"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".venv", ".oncekit", ".git", "target", "__pycache__"))
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(source)],
+        check=True,
+    )
+    (built,) = tmp_path.glob("oncekit-*.whl")
+    return built
+
+
+@pytest.fixture(scope="module")
+def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A Spark standalone cluster (a master and a worker of two cores) for one module's tests."""
+    from oncekit.connectors.services.spark_cluster import StandaloneCluster
+
+    standalone = StandaloneCluster(tmp_path_factory.mktemp("spark-cluster"), cores=2)
+    standalone.start()
+    yield standalone
+    standalone.stop()
 
 
 @pytest.fixture

@@ -15,7 +15,6 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -98,16 +97,8 @@ def test_oncekit_verify_as_a_new_user(tmp_path: Path) -> None:
     assert "left behind: nothing" in out.stdout and (tmp_path / "verify.json").exists(), out.stdout
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneCluster]:
-    standalone = StandaloneCluster(tmp_path_factory.mktemp("spark-cluster"), cores=2)
-    standalone.start()
-    yield standalone
-    standalone.stop()
-
-
 @pytest.mark.long(260)
-def test_user_pipeline_on_standalone_cluster(services: Services, cluster: StandaloneCluster,
+def test_user_pipeline_on_standalone_cluster(services: Services, spark_cluster: StandaloneCluster,
                                              campaign_tables: list[str]) -> None:
     """A user's pipeline (module:function) on a standalone cluster, where executors are JVMs of
     their own with their own Python workers: a task crash is retried on the executor, a driver
@@ -115,8 +106,8 @@ def test_user_pipeline_on_standalone_cluster(services: Services, cluster: Standa
     killed -9 during a batch is replaced by the worker and its tasks run again."""
     faults = [Fault("crash", "task_after_pre_commit"), Fault("crash", "driver_after_journal"),
               Fault("kill", delay_s=2.0), Fault("crash", "mid_commit"), Fault("spark-executor-kill")]
-    report = run_campaign("tests.eos.user_pipeline:start", services, faults, seed=0, spark_cluster=cluster,
-                          env={"SPARK_MASTER": cluster.url, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    report = run_campaign("tests.eos.user_pipeline:start", services, faults, seed=0, spark_cluster=spark_cluster,
+                          env={"SPARK_MASTER": spark_cluster.url, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
     text = record(report, "user-pipeline-standalone-cluster", campaign_tables)
     assert report.passed and all(r.fired for r in report.results), text
     assert [r.verdict for r in report.results] == ["exactly-once"] * len(faults), text

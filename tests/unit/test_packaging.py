@@ -4,33 +4,16 @@ install pulls only the library's clients, the rest is in extras."""
 from __future__ import annotations
 
 import email
-import shutil
 import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
-import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 import oncekit
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    # Build from a copy: setuptools leaves build/ and *.egg-info beside the sources.
-    tmp_path = tmp_path_factory.mktemp("wheel")
-    source = tmp_path / "src"
-    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".venv", ".oncekit", ".git", "target", "__pycache__"))
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(source)],
-        check=True,
-    )
-    (built,) = tmp_path.glob("oncekit-*.whl")
-    return built
 
 
 def test_wheel_holds_only_oncekit_packages(wheel: Path) -> None:
