@@ -2,7 +2,11 @@
 
 The journal and the write-ahead log are read and written from Python processes that have no
 SparkSession (Spark's driver-side Python workers, executors), so they cannot use Hadoop's
-filesystem through the JVM. pyarrow reaches the same local, HDFS and S3 locations.
+filesystem through the JVM. pyarrow reaches the same local, HDFS and S3 locations, with
+credentials of its own (it reads no ``fs.s3a.*`` or ``core-site.xml``): S3 from the AWS
+environment variables, ``~/.aws`` or the instance's role, and an S3-compatible store's endpoint
+from ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL``, which pyarrow itself ignores
+(apache/arrow#49643); HDFS through libhdfs (``HADOOP_HOME``, ``CLASSPATH``, a Kerberos ticket).
 """
 
 from __future__ import annotations
@@ -10,7 +14,10 @@ from __future__ import annotations
 import os
 import uuid
 
-from pyarrow.fs import FileSelector, FileSystem, FileType, LocalFileSystem
+from pyarrow.fs import FileSelector, FileSystem, FileType, LocalFileSystem, S3FileSystem
+
+ENDPOINT_ENVS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
+"""Where an S3-compatible store (MinIO, Ceph) answers, as the AWS SDKs and CLI read it."""
 
 
 def filesystem(location: str) -> tuple[FileSystem, str]:
@@ -22,6 +29,11 @@ def filesystem(location: str) -> tuple[FileSystem, str]:
         location = "file://" + location[len("file:"):]
     if location.startswith(("s3a://", "s3n://")):
         location = "s3://" + location.split("://", 1)[1]
+    endpoint = next((os.environ[name] for name in ENDPOINT_ENVS if os.environ.get(name)), None)
+    if location.startswith("s3://") and endpoint:
+        scheme, _, host = endpoint.rpartition("://")
+        return (S3FileSystem(endpoint_override=host.rstrip("/"), scheme=scheme or "https"),
+                location.split("://", 1)[1].split("?", 1)[0].rstrip("/"))
     found, path = FileSystem.from_uri(location)
     return found, path.rstrip("/")
 

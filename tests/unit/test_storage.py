@@ -28,3 +28,15 @@ def test_local_write_is_fsynced_file_then_folder_and_leaves_no_temporary(
     assert target.read_bytes() == b'{"batch_id": 7}'
     assert len(synced) == 2 and synced[0].endswith(".tmp") and synced[1] == str(target.parent)
     assert list_names(LocalFileSystem(), str(target.parent)) == ["7.json"]
+
+
+def test_an_s3_compatible_stores_endpoint_comes_from_the_aws_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pyarrow.fs import S3FileSystem
+
+    from oncekit.core.storage import filesystem
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://minio.local:9000")
+    found, path = filesystem("s3a://bucket/checkpoints/q/")
+    assert isinstance(found, S3FileSystem) and path == "bucket/checkpoints/q"
+    settings = found.__reduce__()[1][0]  # what pyarrow was built with; it has no getters for them
+    assert (settings["endpoint_override"], settings["scheme"]) == ("minio.local:9000", "http")
