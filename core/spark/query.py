@@ -359,10 +359,10 @@ def _seconds(interval: Any) -> float:
 
 
 class OncekitQuery:
-    """A started query whose ``stop`` and ``await_termination`` end with a synchronous
-    checkpoint-complete notification, so that once they return, every completed checkpoint's
-    output is committed, and whose stalls end it with StallError (:class:`BatchWatchdog`).
-    Everything else is the StreamingQuery's own."""
+    """A started query whose ``stop`` and ``await_termination`` (or Spark's name for it,
+    ``awaitTermination``) end with a synchronous checkpoint-complete notification, so that once
+    they return, every completed checkpoint's output is committed, and whose stalls end it with
+    StallError (:class:`BatchWatchdog`). Everything else is the StreamingQuery's own."""
 
     def __init__(self, query: StreamingQuery, sink: SinkConfig, checkpoint: str,
                  watcher: CheckpointListener | None = None, watchdog: BatchWatchdog | None = None,
@@ -372,6 +372,11 @@ class OncekitQuery:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.query, name)
+
+    def awaitTermination(self, timeout: float | None = None) -> bool:  # noqa: N802 - Spark's name
+        """Spark's name for :meth:`await_termination`, with its guarantee: a PySpark user's
+        ``query.awaitTermination()`` returns only after the last commits."""
+        return self.await_termination(timeout)
 
     def exception(self) -> Any:
         """The query's error: a stall the watchdog ended it for, else Spark's own (None while

@@ -12,8 +12,8 @@ fencing token every task and driver-side act of the run carries) and recovers; a
 that a newer one superseded raises FencedError; later writers leave
 checkpoint-complete notifications to the listener or to the run's server-side committer
 (:mod:`~oncekit.core.spark.committer`, for a query started from a Spark Connect client), or
-deliver them when there is neither. A query started with a plain ``format(...)`` has none, and
-every writer recovers.
+deliver them when there is neither. A query started with a plain ``format(...)...start()``
+carries no run, and its first writer refuses it (:func:`refuse_plain_start`).
 """
 
 from __future__ import annotations
@@ -57,8 +57,6 @@ STRAGGLER_S = 3.0
 
 # Spark's local property that tells a task which micro-batch it belongs to.
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
-
-_preflighted: set[tuple[str, str]] = set()
 
 # What the JVM writes to a Python worker right after a task's whole input (pyspark's
 # SpecialLengths.END_OF_STREAM, a big-endian int).
@@ -113,6 +111,20 @@ class QueryRun:
                    lowered.get(cls.COMMITTER_OPTION) == "true", lowered.get(cls.VERSION_OPTION, ""))
 
 
+def refuse_plain_start(config: SinkConfig, run: QueryRun) -> str:
+    """Stream writer on the driver: the run's token; ConfigError for a query started with Spark's
+    own ``writeStream.format(...)...start()``, which carries no run. Such a query would run the
+    sink without the lease, the fencing epoch, the batch deadline and the checkpoint-complete
+    notifications, and nothing would stop two drivers, or a stalled one, from writing twice."""
+    if run.token is None:
+        raise ConfigError(
+            f"sink {config.sink_id}: this query was started with writeStream.format({config.format_name!r})...start(), "
+            "which runs the sink without the lease, the fencing epoch, the batch deadline and the checkpoint-complete "
+            "notifications that make it exactly-once. Start it with oncekit.start_query(frame, sink, checkpoint, "
+            "trigger=...), and wait on what it returns (awaitTermination() or await_termination())")
+    return run.token
+
+
 def refuse_other_version(sink_id: str, started_with: str) -> None:
     """Stream writer on the driver: a query started by another version of the kit (a Spark
     Connect client's, against the server's) may disagree on the journal, the markers and the
@@ -135,34 +147,28 @@ class EngineStreamWriter(DataSourceStreamArrowWriter):
 
     def __init__(self, config: SinkConfig, checkpoint: str, run: QueryRun) -> None:
         self.config, self.checkpoint, self.run = config, checkpoint, run
-        self.epoch = 0  # a plain format(...) query's runs take none: unfenced
+        self.epoch = 0
+        token = refuse_plain_start(config, run)
         engine = self._engine()
-        if run.token is None:  # a plain format(...) query: every writer recovers
-            if (config.sink_id, checkpoint) not in _preflighted:
-                refuse_unchecked_input(config.sink_id, engine.sink.commits_in_task, pyspark.__version__)
-                engine.preflight()
-                _preflighted.add((config.sink_id, checkpoint))
-            _recover(engine)
-            return
         # Recovery mends what an earlier run left; within a run, checkpoint and abort keep the
         # journal and the sink in step. Recovering at every writer (two a batch) would cost a
         # scan a batch and race the listener's commit of the newest batch.
         runs = engine.journal.runs()
-        epoch = runs.get(run.token)
+        epoch = runs.get(token)
         if epoch is None:  # the run's first writer
             refuse_other_version(config.sink_id, run.version)
             refuse_unchecked_input(config.sink_id, engine.sink.commits_in_task, pyspark.__version__)
             engine.preflight()
-            _report(engine, engine.start_run(run.token))
+            _report(engine, engine.start_run(token))
             self.epoch = engine.epoch
             if run.committer:
-                committer.start(config, checkpoint, run.token)
+                committer.start(config, checkpoint, token)
             return
         self.epoch = engine.epoch = epoch
         engine.sink.act_for(epoch)
         latest = max(runs.values())
         if latest > epoch:
-            raise FencedError(f"sink {config.sink_id}: query run {run.token} (epoch {epoch}) was superseded by epoch "
+            raise FencedError(f"sink {config.sink_id}: query run {token} (epoch {epoch}) was superseded by epoch "
                               f"{latest}: another driver took the query over, and this one stops")
         if not run.notified:
             # No listener: the writer Spark creates before each batch is the checkpoint-complete
@@ -190,11 +196,10 @@ class EngineStreamWriter(DataSourceStreamArrowWriter):
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Driver: every task succeeded; journal the batch before Spark logs it as committed,
         unless another driver has taken the query's lease over (:func:`~oncekit.core.lease.require_held`)."""
-        if self.run.token is not None:
-            require_held(self.checkpoint, self.run.token, f"sink {self.config.sink_id} batch {batchId}")
+        require_held(self.checkpoint, self.run.token or "", f"sink {self.config.sink_id} batch {batchId}")
         self._engine().checkpoint(batchId, _committables(messages), notified=self.run.notified)
-        if self.run.committer and self.run.token is not None:
-            committer.wake(self.config, self.checkpoint, self.run.token, batchId)
+        if self.run.committer:
+            committer.wake(self.config, self.checkpoint, self.run.token or "", batchId)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Driver: the batch failed; abort what its tasks pre-committed, then sweep the batch's
@@ -208,10 +213,6 @@ class EngineStreamWriter(DataSourceStreamArrowWriter):
         engine.abort(batchId, _committables(messages))
         time.sleep(STRAGGLER_S)
         engine.abort(batchId, [])
-
-
-def _recover(engine: CheckpointEngine) -> None:
-    _report(engine, engine.recover())
 
 
 def _report(engine: CheckpointEngine, report: RecoveryReport) -> None:

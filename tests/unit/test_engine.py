@@ -11,6 +11,7 @@ import pytest
 
 from oncekit.core.protocol import CommitOutcome, Committable, DeliveryGuarantee, TaskInfo, TwoPhaseCommitSink
 from oncekit.core.engine import CheckpointEngine
+from oncekit.core.errors import ConfigError
 from oncekit.core.journal import Journal
 
 
@@ -320,3 +321,13 @@ def test_names_carry_the_runs_epoch_and_old_names_parse_as_epoch_0() -> None:
     assert TaskInfo("s", 1, 2, 3, epoch=4).staged_file == "1/2-3-e4.arrow"
     assert StagedFile.parse("1/2-3-e4.arrow") == StagedFile(1, 2, 3, 4)
     assert StagedFile.parse("1/2-3.arrow") == StagedFile(1, 2, 3, 0)
+
+
+def test_a_writer_of_a_query_started_without_start_query_refuses_it_by_name(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from oncekit.core.spark import writer as spark_writer
+
+    config: Any = SimpleNamespace(sink_id="memory", format_name="oncekit-postgres")
+    with pytest.raises(ConfigError, match=r"sink memory: .*format\('oncekit-postgres'\).*oncekit\.start_query"):
+        spark_writer.EngineStreamWriter(config, str(tmp_path), spark_writer.QueryRun.from_options({}))

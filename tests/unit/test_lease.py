@@ -29,8 +29,11 @@ from oncekit.core.protocol import SinkOwner
 
 
 def _write(checkpoint: Path, **lease: object) -> None:
+    """Another driver's lease, written as drivers write it: whole, by a rename (a keeper renewing
+    meanwhile must never read it half-written, take that for no lease and overwrite it)."""
     (checkpoint / LEASE).parent.mkdir(parents=True, exist_ok=True)
-    (checkpoint / LEASE).write_text(json.dumps(lease))
+    (checkpoint / f"{LEASE}.tmp").write_text(json.dumps(lease))
+    (checkpoint / f"{LEASE}.tmp").replace(checkpoint / LEASE)
 
 
 def test_taken_renewed_and_released_by_this_process(tmp_path: Path) -> None:
