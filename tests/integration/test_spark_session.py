@@ -1,8 +1,12 @@
-"""A Spark session starts with oncekit's defaults."""
+"""A Spark session from ``spark_session`` fills oncekit's defaults only where the job and the
+cluster left a setting unset (issue 34 item 5)."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -16,5 +20,27 @@ def test_spark_session_has_project_defaults(spark: Any) -> None:
     conf = spark.conf
     assert conf.get("spark.sql.streaming.stateStore.providerClass") == ROCKSDB_PROVIDER
     assert int(conf.get("spark.sql.shuffle.partitions")) == max(2, os.cpu_count() or 2)
-    assert conf.get("spark.ui.enabled") == "false"
     assert spark.range(10).selectExpr("sum(id)").first()[0] == 45
+
+
+SHOW = """
+import json
+from oncekit.core.spark.session import spark_session
+spark = spark_session("settings", master="local[1]")
+keys = ("spark.sql.shuffle.partitions", "spark.sql.execution.arrow.pyspark.enabled",
+        "spark.sql.streaming.stateStore.providerClass")
+print(json.dumps({**{k: spark.conf.get(k) for k in keys},
+                  "spark.ui.enabled": spark.sparkContext.getConf().get("spark.ui.enabled", "unset")}))
+"""
+
+
+def test_spark_session_never_overrides_what_spark_submit_was_given() -> None:
+    env = {**os.environ, "PYSPARK_SUBMIT_ARGS": "--conf spark.sql.shuffle.partitions=7 "
+           "--conf spark.sql.execution.arrow.pyspark.enabled=false pyspark-shell"}
+    out = subprocess.run([sys.executable, "-c", SHOW], env=env, capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-3000:]
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["spark.sql.shuffle.partitions"] == "7"  # --conf: the job's choice
+    assert seen["spark.sql.execution.arrow.pyspark.enabled"] == "false"
+    assert seen["spark.sql.streaming.stateStore.providerClass"] == ROCKSDB_PROVIDER  # unset: the kit's default
+    assert seen["spark.ui.enabled"] == "unset"  # the UI is the cluster's business
