@@ -154,6 +154,7 @@ def bench(options: Options) -> Iterator[Bench]:
         spark = spark_session("oncekit-bench", conf={
             "spark.jars": ",".join(connector.jars),
             "spark.sql.streaming.numRecentProgressUpdates": "100000",  # the noop cases count input from progress
+            "spark.ui.enabled": "false",  # no UI's work in the measurement
         })
         spark.sparkContext.setLogLevel("ERROR")  # the tables, not Spark's warnings about re-registered sources
         try:

@@ -66,7 +66,7 @@ def spark() -> Iterator[Any]:
     from oncekit.core.spark.session import spark_session
     from oncekit.sources.kafka import register
 
-    session = spark_session("oncekit-tests")
+    session = spark_session("oncekit-tests", conf={"spark.ui.enabled": "false"})
     register(session)
     yield session
     session.stop()

@@ -85,7 +85,10 @@ def main(spec_text: str) -> int:
     build = resolve(spec["pipeline"])
     # Spark retries a failed task (local[cores,maxFailures] in local mode; a cluster's own conf else).
     master = os.environ.get("SPARK_MASTER") or "local[2,4]"
-    conf = {f"spark.executorEnv.{CRASH_DIR_ENV}": os.environ.get(CRASH_DIR_ENV, ""), BATCH_TIMEOUT_CONF: str(BATCH_TIMEOUT_S)}
+    # The harness's executors run on this machine, in this interpreter, on a cluster as well; no UI.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    conf = {f"spark.executorEnv.{CRASH_DIR_ENV}": os.environ.get(CRASH_DIR_ENV, ""), BATCH_TIMEOUT_CONF: str(BATCH_TIMEOUT_S),
+            "spark.ui.enabled": "false"}
     if spec["standby"]:  # SIGTERM ends a waiting standby at once
         standby_session = spark_session("oncekit-verify", master=master, conf=conf)
         timeline.note("session")

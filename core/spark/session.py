@@ -1,8 +1,10 @@
 """The Spark session with oncekit's defaults.
 
-Called by the user's driver program, the demo and the tests. It sets nothing that only works in
-local mode: the master comes from ``spark-submit`` or ``SPARK_MASTER`` when given, and the
-executors' Python is the driver's interpreter unless ``PYSPARK_PYTHON`` says otherwise. With
+Called by the user's driver program, the demo and the tests. It fills oncekit's defaults only
+where the job (``spark-submit --conf``, the builder) and the cluster (``spark-defaults.conf``)
+left a setting unset, and logs what it set. It sets nothing that only works in local mode: the
+master comes from ``spark-submit`` or ``SPARK_MASTER`` when given, and only a local master's
+executors get the driver's interpreter as their Python (unless ``PYSPARK_PYTHON`` says). With
 ``SPARK_REMOTE`` (pyspark's own setting, ``sc://host:port``) the session is a Spark Connect
 client's: the server has its own master, cluster settings and Python.
 """
@@ -10,6 +12,7 @@ client's: the server has its own master, cluster settings and Python.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
 import sys
@@ -18,6 +21,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from pyspark.sql import SparkSession
+
+logger = logging.getLogger(__name__)
 
 CONNECT_MAX_BACKOFF_MS = 2_000
 """The Spark Connect client's longest pause between two attempts to reach its server. pyspark's
@@ -30,14 +35,16 @@ CHANGELOG_CHECKPOINTING = "spark.sql.streaming.stateStore.rocksdb.changelogCheck
 
 
 def default_conf(cores: int | None = None) -> dict[str, str]:
-    """Spark settings oncekit's pipelines expect.
+    """Spark session settings oncekit's pipelines expect, where nobody chose otherwise.
 
     RocksDB keeps streaming state off the JVM heap and is what transformWithState needs; with
     changelog checkpointing a batch's state commit uploads only the changes of the batch, and
     snapshots are taken in the background (Spark's default, off, uploads a snapshot per batch;
     ``make bench`` group ``state`` measures both). Shuffle partitions follow the cores (Spark's
-    200 default makes every micro-batch of a small job run 200 tasks); they become a stateful
-    query's state partitions, which only a savepoint restore with ``state_partitions`` changes.
+    200 default makes every micro-batch of a small job run 200 tasks). They become a stateful
+    query's state partitions for good (only a savepoint restore with ``state_partitions`` changes
+    them), so a job on a cluster should choose them itself, with ``--conf
+    spark.sql.shuffle.partitions=N`` for the parallelism it will grow to.
     """
     cores = cores or os.cpu_count() or 2
     return {
@@ -45,14 +52,13 @@ def default_conf(cores: int | None = None) -> dict[str, str]:
         CHANGELOG_CHECKPOINTING: "true",
         "spark.sql.shuffle.partitions": str(max(2, cores)),
         "spark.sql.execution.arrow.pyspark.enabled": "true",
-        "spark.ui.enabled": "false",
-        "spark.ui.showConsoleProgress": "false",
         "spark.sql.streaming.stopGracefullyOnShutdown": "true",
     }
 
 
 def spark_session(app_name: str = "oncekit", master: str | None = None, conf: Mapping[str, str] | None = None) -> SparkSession:
-    """Get or create the session with :func:`default_conf` plus ``conf``, logging at WARN.
+    """Get or create the session with ``conf``, then :func:`default_conf` for the settings still
+    unset (:func:`fill_defaults`), logging at WARN.
 
     ``master`` defaults to ``SPARK_MASTER``, then to what spark-submit was given (local[*] if nothing).
     With ``SPARK_REMOTE`` set, a Spark Connect session to that server instead, with the session
@@ -64,24 +70,41 @@ def spark_session(app_name: str = "oncekit", master: str | None = None, conf: Ma
         from pyspark.sql.connect.client.retries import DefaultPolicy  # the Connect client's modules: only for it
 
         connect = SparkSession.builder.remote(remote)
-        for key, value in {**default_conf(), **(conf or {})}.items():
+        for key, value in (conf or {}).items():
             if key.startswith(("spark.sql.", "spark.oncekit.")):
                 connect = connect.config(key, value)
         session = connect.getOrCreate()
         session.client.set_retry_policies([DefaultPolicy(max_backoff=CONNECT_MAX_BACKOFF_MS, max_retries=300)])
+        fill_defaults(session)
         return session
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name)
     master = master or os.environ.get("SPARK_MASTER")
-    if master is None or master.startswith("local"):
+    submitted = "PYSPARK_GATEWAY_PORT" in os.environ  # spark-submit started the JVM, with its own settings
+    if not submitted and (master is None or master.startswith("local")):
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         use_installed_pyspark()
     if master:  # else spark-submit's own, which is local[*] when nothing set one
         builder = builder.master(master)
-    for key, value in {**default_conf(), **(conf or {})}.items():
+    for key, value in (conf or {}).items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
+    fill_defaults(session)
     return session
+
+
+def fill_defaults(session: SparkSession) -> dict[str, str]:
+    """Set :func:`default_conf`'s settings that the session does not have yet (neither the job,
+    ``spark-submit --conf``, ``spark-defaults.conf`` nor a managed runtime set them); returns
+    and logs what it set."""
+    chosen = session.conf.getAll
+    filled = {key: value for key, value in default_conf().items() if key not in chosen}
+    for key, value in filled.items():
+        session.conf.set(key, value)
+    if filled:
+        logger.info("spark session: oncekit set %s (unset by the job and the cluster)",
+                    ", ".join(f"{k}={v}" for k, v in filled.items()))
+    return filled
 
 
 def use_installed_pyspark() -> None:
