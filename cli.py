@@ -1,5 +1,6 @@
-"""The ``oncekit`` command line: ``services up|down|status``, ``demo``, ``produce``, ``verify``,
-``pipeline run``, ``savepoint create|list|restore|delete``, ``doctor`` and ``status``.
+"""The ``oncekit`` command line: ``run`` (a user's job), ``services up|down|status``, ``demo``,
+``produce``, ``verify``, ``pipeline run``, ``savepoint create|list|restore|delete``, ``doctor``
+and ``status``.
 
 The reference pipeline's commands (``demo``, ``produce``, ``pipeline``, ``savepoint``) and ``doctor``
 parse their flags here and make one call into :mod:`oncekit.reference` or :mod:`oncekit.doctor`.
@@ -12,12 +13,19 @@ import logging
 import sys
 from typing import Any
 
+import oncekit
 from oncekit.connectors.services import BACKENDS
 from oncekit.core.errors import OncekitError
 
 
 SECURED_HELP = ("local backend: Kafka with SASL_SSL (SCRAM-SHA-256) only, PostgreSQL with TLS and "
                 "scram-sha-256 only, certificates of a CA made for them")
+
+
+def _run(args: argparse.Namespace) -> int:
+    from oncekit import runner
+
+    return runner.run_job(args.job, args.restart, args.standby, args.app_name)
 
 
 def _services(args: argparse.Namespace) -> int:
@@ -147,7 +155,22 @@ parse their flags here and make one call into :mod:`oncekit.reference` or :mod:`
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="oncekit", description="Exactly-once Spark pipelines from Kafka into Kafka and PostgreSQL")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO")
+    parser.add_argument("--version", action="version", version=f"oncekit {oncekit.__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
+
+    run = commands.add_parser("run", help="run your job (a function that starts its queries with start_query) under "
+                                          "a restart strategy")
+    run.add_argument("job", help="path/to/job.py[:function] or package.module:function (function default: start); "
+                                 "it takes the Spark session and returns the queries it started")
+    run.add_argument("--restart", default="fixed-delay:attempts=3,delay_s=1", metavar="TYPE:KEY=VALUE,...",
+                     help="restart strategy: none, fixed-delay (attempts, delay_s), failure-rate (max_failures, "
+                          "interval_s, delay_s) or exponential-backoff (initial_s, max_s, multiplier, attempts); "
+                          "default %(default)s")
+    run.add_argument("--standby", action="append", default=[], metavar="CHECKPOINT",
+                     help="start as a warm standby of the driver running the job's queries on this checkpoint (repeat "
+                          "for each): warm up, wait, and take over once that driver is gone")
+    run.add_argument("--app-name", default="oncekit-job", help="the Spark application's name (default %(default)s)")
+    run.set_defaults(run=_run)
 
     services = commands.add_parser("services", help="start, stop or check Kafka and PostgreSQL")
     services.add_argument("action", choices=["up", "down", "status"])

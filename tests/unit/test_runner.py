@@ -1,0 +1,37 @@
+"""``oncekit run``'s job names and restart flag (pure logic; the command itself runs in
+tests/eos/test_run_command.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from oncekit.core.errors import ConfigError
+from oncekit.core.restart import FixedDelay
+from oncekit.runner import load_job, parse_restart
+
+
+def test_a_job_file_names_its_function_or_start(tmp_path: Path) -> None:
+    job = tmp_path / "job.py"
+    job.write_text("def start(spark):\n    return 'started'\n\ndef other(spark):\n    return 'other'\n")
+    assert load_job(str(job))(None) == "started"
+    assert load_job(f"{job}:other")(None) == "other"
+
+
+def test_a_job_that_cannot_be_loaded_is_refused_naming_what_is_missing(tmp_path: Path) -> None:
+    (tmp_path / "job.py").write_text("x = 1\n")
+    with pytest.raises(ConfigError, match=r"has no function start\(spark\)"):
+        load_job(str(tmp_path / "job.py"))
+    with pytest.raises(ConfigError, match="no file"):
+        load_job(str(tmp_path / "missing.py"))
+    with pytest.raises(ConfigError, match="cannot import no_such_module"):
+        load_job("no_such_module:start")
+
+
+def test_the_restart_flag_is_a_strategy_table_on_one_line() -> None:
+    assert parse_restart("fixed-delay:attempts=2,delay_s=0.5") == FixedDelay(attempts=2, delay_s=0.5)
+    with pytest.raises(ConfigError, match="unknown type"):
+        parse_restart("sometimes")
+    with pytest.raises(ConfigError, match="is not key=value"):
+        parse_restart("fixed-delay:attempts")
