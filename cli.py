@@ -78,8 +78,9 @@ def _pipeline(args: argparse.Namespace) -> int:
 def _savepoint(args: argparse.Namespace) -> int:
     from oncekit.reference import commands
 
-    return commands.savepoint(args.action, args.name, args.dir, args.timeout, args.config, _overrides(args),
-                              args.state_partitions)
+    # Each action has only its own flags (create: name, --timeout; restore: name, --state-partitions).
+    return commands.savepoint(args.action, getattr(args, "name", None), args.dir, getattr(args, "timeout", 300.0),
+                              args.config, _overrides(args), getattr(args, "state_partitions", None))
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -125,13 +126,23 @@ parse their flags here and make one call into :mod:`oncekit.reference` or :mod:`
     run.set_defaults(run=_pipeline)
 
     saving = commands.add_parser("savepoint", help="create, list, restore or delete savepoints of the pipeline")
-    saving.add_argument("action", choices=["create", "list", "restore", "delete"])
-    saving.add_argument("name", nargs="?", help="savepoint name (create: default a timestamp)")
-    saving.add_argument("--dir", default=".oncekit/savepoints", help="where savepoints live (a path or a URI)")
-    saving.add_argument("--state-partitions", type=int, metavar="N", help=STATE_PARTITIONS_HELP)
-    saving.add_argument("--timeout", type=float, default=300.0, help="create: how long to wait for a running pipeline")
-    config_flags(saving)
-    saving.set_defaults(run=_savepoint)
+    actions = saving.add_subparsers(dest="action", required=True)
+    helps = {"create": "stop the running pipeline with a savepoint (or copy a stopped one's checkpoints)",
+             "list": "the savepoints in --dir", "restore": "copy a savepoint into the pipeline's checkpoint location",
+             "delete": "delete a savepoint"}
+    for action, text in helps.items():
+        each = actions.add_parser(action, help=text)
+        if action == "create":
+            each.add_argument("name", nargs="?", help="savepoint name (default: a timestamp)")
+            each.add_argument("--timeout", type=float, default=300.0,
+                              help="seconds to wait for the running pipeline to stop with it (default %(default)s)")
+        elif action in ("restore", "delete"):
+            each.add_argument("name", help="savepoint name (oncekit savepoint list shows them)")
+        if action == "restore":
+            each.add_argument("--state-partitions", type=int, metavar="N", help=STATE_PARTITIONS_HELP)
+        each.add_argument("--dir", default=".oncekit/savepoints", help="where savepoints live (a path or a URI)")
+        config_flags(each)
+        each.set_defaults(run=_savepoint)
 
     doctor = commands.add_parser("doctor", help="preflight checks of Java, Spark, Kafka and PostgreSQL")
     config_flags(doctor)
@@ -140,7 +151,7 @@ parse their flags here and make one call into :mod:`oncekit.reference` or :mod:`
     status = commands.add_parser("status", help="status page and Prometheus /metrics for running or stopped queries")
     status.add_argument("--checkpoint", action="append", default=[], metavar="[NAME=]LOCATION",
                         help="a query's checkpoint location (local, hdfs://, s3a://); repeat for several")
-    status.add_argument("--port", type=int, default=8765)
+    status.add_argument("--port", type=int, default=8765, help="port to serve on (default %(default)s)")
     status.add_argument("--host", default="127.0.0.1", help="address to serve on (0.0.0.0: every interface)")
     status.add_argument("--bootstrap", help="Kafka bootstrap servers (default: ONCEKIT_KAFKA_BOOTSTRAP, or 'oncekit services up')")
     status.add_argument("--dsn", help="PostgreSQL connection string (prefer ONCEKIT_POSTGRES_DSN: flags show in ps)")
@@ -155,7 +166,8 @@ parse their flags here and make one call into :mod:`oncekit.reference` or :mod:`
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="oncekit", description="Exactly-once Spark pipelines from Kafka into Kafka and PostgreSQL")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO")
-    parser.add_argument("--version", action="version", version=f"oncekit {oncekit.__version__}")
+    parser.add_argument("--version", action="version", version=f"oncekit {oncekit.__version__}",
+                        help="print the version and exit")
     commands = parser.add_subparsers(dest="command", required=True)
 
     run = commands.add_parser("run", help="run your job (a function that starts its queries with start_query) under "
@@ -186,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--backend", choices=BACKENDS, help="services backend (default: the config's, auto)")
     demo.add_argument("--records", type=int, default=200_000, help="payment records to produce")
     demo.add_argument("--config", help="pipeline config file (TOML; default: the packaged pipeline.toml)")
-    demo.add_argument("--seed", type=int, default=7)
+    demo.add_argument("--seed", type=int, default=7, help="random seed of the generated events (default %(default)s)")
     demo.add_argument("--no-crash", action="store_true", help="do not crash the pipeline mid-run")
     demo.add_argument("--ui", type=int, metavar="PORT", help="serve the status page and /metrics on this port while it runs")
     demo.set_defaults(run=_demo)
@@ -195,15 +207,15 @@ def main(argv: list[str] | None = None) -> int:
 
     generate = commands.add_parser("produce", help="send payment events (with upstream faults) to Kafka")
     generate.add_argument("--bootstrap", help="Kafka bootstrap servers (default: the services oncekit started)")
-    generate.add_argument("--topic", default="payments")
-    generate.add_argument("--partitions", type=int, default=2)
-    generate.add_argument("--count", type=int, default=10_000)
+    generate.add_argument("--topic", default="payments", help="the topic (created if missing; default %(default)s)")
+    generate.add_argument("--partitions", type=int, default=2, help="partitions of a topic it creates (default %(default)s)")
+    generate.add_argument("--count", type=int, default=10_000, help="events to send (default %(default)s)")
     generate.add_argument("--rate", type=float, help="events per second (default: as fast as possible)")
-    generate.add_argument("--accounts", type=int, default=100)
+    generate.add_argument("--accounts", type=int, default=100, help="accounts the payments are spread over")
     generate.add_argument("--duplicates", type=float, default=0.01, help="fraction sent twice")
     generate.add_argument("--late", type=float, default=0.01, help="fraction an hour late in event time")
     generate.add_argument("--malformed", type=float, default=0.005, help="fraction of malformed records")
-    generate.add_argument("--seed", type=int, default=1)
+    generate.add_argument("--seed", type=int, default=1, help="random seed: the same seed sends the same events")
     generate.set_defaults(run=_produce)
 
     check = commands.add_parser("verify", help="inject faults into a pipeline and check its output")
@@ -211,22 +223,23 @@ def main(argv: list[str] | None = None) -> int:
                        "(default postgres-two-phase-commit; for --soak fan-out-postgres-kafka-wal)")
     check.add_argument("--guarantee", choices=GUARANTEES,
                        help="what to check (default: what the example promises; exactly-once for yours)")
-    check.add_argument("--faults", type=int, default=5)
+    kinds = check.add_mutually_exclusive_group()
+    kinds.add_argument("--faults", type=int, default=5, help="faults injected one after another (default %(default)s)")
     check.add_argument("--service-faults", action="store_true",
                        help="draw only service faults (Kafka and PostgreSQL stopped, killed -9, cut off; one broker "
                        "of a cluster), the ones that hit a running batch, instead of crash points and driver kills too")
     check.add_argument("--duplicates", type=float, default=0.0, help="fraction of input records sent twice upstream")
     check.add_argument("--malformed", type=float, default=0.0, help="fraction of malformed input records")
     check.add_argument("--late", type=float, default=0.0, help="fraction of input records an hour late")
-    check.add_argument("--seed", type=int, default=1)
-    check.add_argument("--backend", choices=BACKENDS, default="auto")
+    check.add_argument("--seed", type=int, default=1, help="random seed of the fault schedule and the input")
+    check.add_argument("--backend", choices=BACKENDS, default="auto", help="services backend (default %(default)s)")
     check.add_argument("--json", help="write the results to this file")
     check.add_argument("--brokers", type=int, default=1,
                        help="Kafka brokers: 1, or 3 (a replicated cluster; the faults then include one broker's)")
     check.add_argument("--secured", action="store_true", help=SECURED_HELP)
-    check.add_argument("--soak", metavar="DURATION", help="instead of --faults: run this long (30m, 2h) at a steady "
+    kinds.add_argument("--soak", metavar="DURATION", help="instead of --faults: run this long (30m, 2h) at a steady "
                        "input rate with a fault every --fault-every seconds, printing what must stay bounded")
-    check.add_argument("--lifecycle", action="store_true", help="instead of --faults: the lifecycle cases (markers "
+    kinds.add_argument("--lifecycle", action="store_true", help="instead of --faults: the lifecycle cases (markers "
                        "past offsets retention, speculation, a replay with another partitioning, slow upstream input, "
                        "savepoints of a running query), each exactly-once or refused, on a broker of its own")
     check.add_argument("--rate", type=float, default=10.0, help="--soak: input records per second")

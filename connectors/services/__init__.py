@@ -169,8 +169,10 @@ def forget_state() -> None:
 def command(action: str, backend: str, show_dsn: bool = False, brokers: int = 1, secured: bool = False) -> int:
     """``oncekit services up|down|status``: start (``brokers`` Kafka brokers) and remember, stop
     and forget, or check the services; prints the bootstrap servers and the DSN with its
-    password hidden unless ``show_dsn``. Returns the exit code."""
+    password hidden unless ``show_dsn``. Returns the exit code: 1 when ``status`` finds a service
+    not ready, or nothing started."""
     current = load_state()
+    ready = True
     if action == "up":
         if current is not None:
             print(f"services already up ({current.backend}); run 'oncekit services down' first", file=sys.stderr)
@@ -192,10 +194,11 @@ def command(action: str, backend: str, show_dsn: bool = False, brokers: int = 1,
                 service.wait_ready(timeout_s=5)
                 print(f"{service.name}: ready")
             except OncekitError as exc:
+                ready = False
                 print(f"{service.name}: NOT READY: {exc}")
     print(f"kafka bootstrap: {current.kafka.bootstrap_servers}")
     client_config = getattr(current.kafka, "client_config", None)  # secured services only
     if client_config is not None:
         print(f"kafka client:    {client_config}  (librdkafka settings with the password; ONCEKIT_KAFKA_CLIENT_CONFIG)")
     print(f"postgres dsn:    {current.postgres.dsn if show_dsn else redact_dsn(current.postgres.dsn)}")
-    return 0
+    return 0 if ready else 1
