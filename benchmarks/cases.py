@@ -27,7 +27,9 @@ from oncekit.connectors.kafka import create_topic
 from oncekit.core.fanout import fan_out
 from oncekit.core.spark.query import start_query
 from oncekit.sinks.kafka import kafka_sink
+from oncekit.sinks.kafka.config import KafkaProtocol
 from oncekit.sinks.postgres import postgres_sink
+from oncekit.sinks.postgres.config import PostgresProtocol
 from oncekit.sources.kafka import kafka_stream
 
 if TYPE_CHECKING:
@@ -184,7 +186,7 @@ def source_group(bench: Bench) -> Table:
 
 
 def kafka_group(bench: Bench) -> Table:
-    def kit(protocol: str) -> Case:
+    def kit(protocol: KafkaProtocol) -> Case:
         return Case(f"kit {protocol}", lambda source, output: kit_query(
             kit_stream(bench, source).select("key", "value"), kafka_sink(bench.servers, output, protocol)))
 
@@ -231,7 +233,7 @@ def postgres_group(bench: Bench) -> Table:
     def named(name: str, keyed: bool) -> str:
         return name + (" (key id)" if keyed else "")
 
-    def kit(protocol: str, keyed: bool = False) -> Case:
+    def kit(protocol: PostgresProtocol, keyed: bool = False) -> Case:
         return Case(named(f"kit {protocol}", keyed), lambda source, output: kit_query(
             columns(kit_stream(bench, source)),
             postgres_sink(bench.dsn, output, protocol, key_columns=("id",) if keyed else ())), keyed)

@@ -30,6 +30,8 @@ from oncekit.connectors.redact import redact_dsn
 from oncekit.connectors.services import load_state
 from oncekit.core.errors import ConfigError
 from oncekit.core.restart import RestartStrategy, strategy_from_config
+from oncekit.sinks.kafka.config import KafkaProtocol
+from oncekit.sinks.postgres.config import PostgresProtocol
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -78,9 +80,9 @@ class GuaranteesConfig:
     (two-phase commit, Kafka transactions); per-minute totals may use either exactly-once
     protocol that merges by key."""
 
-    balances: str = "two-phase-commit"
-    minute_totals: str = "idempotent"
-    balance_updates: str = "transactional"
+    balances: PostgresProtocol = "two-phase-commit"
+    minute_totals: PostgresProtocol = "idempotent"
+    balance_updates: KafkaProtocol = "transactional"
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import importlib
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from oncekit.connectors import KafkaConfig
 from oncekit.core.crash import POINTS
@@ -21,6 +21,8 @@ from oncekit.core.errors import ConfigError
 
 if TYPE_CHECKING:
     from oncekit.core.protocol import SinkConfig
+    from oncekit.sinks.kafka.config import KafkaProtocol
+    from oncekit.sinks.postgres.config import PostgresProtocol
 
 COUNT, PER_BATCH = 1000, 300  # the one-shot tests: four batches; both partitions have rows in every batch
 
@@ -93,12 +95,14 @@ def example_sink(sink: str, kafka: KafkaConfig, dsn: str, target: str) -> SinkCo
     example = EXAMPLES[sink]
     if example.kind == "fan-out":
         table, topic = example.protocol.split("+")
-        return fan_out({"table": postgres_sink(dsn, target, table, columns=("id", "payload")),
-                        "topic": kafka_sink(kafka.bootstrap_servers, target, topic, columns=("key", "value"),
-                                            client=dict(kafka.client))})
+        # The examples' protocols are the sinks' own names (their configs check them).
+        return fan_out({"table": postgres_sink(dsn, target, cast("PostgresProtocol", table), columns=("id", "payload")),
+                        "topic": kafka_sink(kafka.bootstrap_servers, target, cast("KafkaProtocol", topic),
+                                            columns=("key", "value"), client=dict(kafka.client))})
     if example.kind == "kafka":
-        return kafka_sink(kafka.bootstrap_servers, target, example.protocol, client=dict(kafka.client))
-    return postgres_sink(dsn, target, example.protocol, key_columns=("id",) if example.protocol == "idempotent" else ())
+        return kafka_sink(kafka.bootstrap_servers, target, cast("KafkaProtocol", example.protocol), client=dict(kafka.client))
+    return postgres_sink(dsn, target, cast("PostgresProtocol", example.protocol),
+                         key_columns=("id",) if example.protocol == "idempotent" else ())
 
 
 def example_frame(sink: str, spark: Any, kafka: KafkaConfig, topic: str, per_batch: int = PER_BATCH) -> Any:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import ClassVar, Literal, cast, get_args
 
 from oncekit.connectors.kafka import KafkaConfig
 from oncekit.connectors.redact import redact_config
@@ -15,7 +15,8 @@ from oncekit.sinks.kafka.at_least_once import KafkaAtLeastOnceSink
 from oncekit.sinks.kafka.transactional import KafkaTransactionalSink
 from oncekit.sinks.kafka.write_ahead_log import KafkaWriteAheadSink
 
-PROTOCOLS = ("transactional", "write-ahead-log", "at-least-once")
+KafkaProtocol = Literal["transactional", "write-ahead-log", "at-least-once"]
+PROTOCOLS: tuple[KafkaProtocol, ...] = get_args(KafkaProtocol)
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,7 @@ class KafkaSinkConfig(SinkConfig):
 
     bootstrap_servers: str
     topic: str
-    protocol: str = "transactional"
+    protocol: KafkaProtocol = "transactional"
     sink_id: str = ""
     client: Mapping[str, str] = field(default_factory=dict)
     partitions: int = 2
@@ -65,7 +66,8 @@ class KafkaSinkConfig(SinkConfig):
         if not bootstrap:
             raise ConfigError(f"{FORMAT}: option kafka.bootstrap.servers is required")
         return cls(
-            bootstrap_servers=bootstrap, topic=lowered.get("topic", ""), protocol=lowered.get("protocol", "transactional"),
+            bootstrap_servers=bootstrap, topic=lowered.get("topic", ""),
+            protocol=cast(KafkaProtocol, lowered.get("protocol", "transactional")),  # checked in __post_init__
             sink_id=lowered.get("sinkid", ""), client=client, partitions=int(lowered.get("partitions", "2")),
             transaction_timeout_ms=int(lowered.get("transactiontimeoutms", DEFAULT_TRANSACTION_TIMEOUT_MS)),
             dead_letter_topic=lowered.get("deadlettertopic") or None, columns=columns,
@@ -85,6 +87,14 @@ class KafkaSinkConfig(SinkConfig):
         return KafkaAtLeastOnceSink(self)
 
 
-def kafka_sink(bootstrap_servers: str, topic: str, protocol: str = "transactional", **options: Any) -> KafkaSinkConfig:
-    """The typed builder: ``kafka_sink("broker:9092", "balances", "transactional")``."""
-    return KafkaSinkConfig(bootstrap_servers=bootstrap_servers, topic=topic, protocol=protocol, **options)
+def kafka_sink(bootstrap_servers: str, topic: str, protocol: KafkaProtocol = "transactional", *, sink_id: str = "",
+               client: Mapping[str, str] | None = None, partitions: int = 2,
+               transaction_timeout_ms: int = DEFAULT_TRANSACTION_TIMEOUT_MS, dead_letter_topic: str | None = None,
+               columns: Sequence[str] = ()) -> KafkaSinkConfig:
+    """A Kafka sink into ``topic`` (:class:`KafkaSinkConfig` says what each setting does):
+    ``kafka_sink("broker:9092", "balances", "transactional", client={"security.protocol": "SASL_SSL", ...})``.
+    ``sink_id`` defaults to ``kafka-<topic>``; ``partitions`` is for a topic it creates."""
+    return KafkaSinkConfig(bootstrap_servers=bootstrap_servers, topic=topic, protocol=protocol, sink_id=sink_id,
+                           client=dict(client or {}), partitions=partitions,
+                           transaction_timeout_ms=transaction_timeout_ms, dead_letter_topic=dead_letter_topic,
+                           columns=tuple(columns))

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import ClassVar, Literal, cast, get_args
 
 from oncekit.connectors.redact import join_dsn_password, redact_dsn, split_dsn_password
 from oncekit.core.errors import ConfigError
@@ -15,7 +15,8 @@ from oncekit.sinks.postgres.idempotent import PostgresIdempotentSink
 from oncekit.sinks.postgres.two_phase_commit import PostgresTwoPhaseCommitSink
 from oncekit.sinks.postgres.write_ahead_log import PostgresWriteAheadSink
 
-PROTOCOLS = ("two-phase-commit", "write-ahead-log", "idempotent", "at-least-once")
+PostgresProtocol = Literal["two-phase-commit", "write-ahead-log", "idempotent", "at-least-once"]
+PROTOCOLS: tuple[PostgresProtocol, ...] = get_args(PostgresProtocol)
 
 
 @dataclass(frozen=True)
@@ -37,10 +38,10 @@ class PostgresSinkConfig(SinkConfig):
 
     dsn: str = field(repr=False)
     table: str
-    protocol: str = "two-phase-commit"
+    protocol: PostgresProtocol = "two-phase-commit"
     sink_id: str = ""
     key_columns: tuple[str, ...] = ()
-    on_conflict: str = "update"
+    on_conflict: Literal["update", "nothing"] = "update"
     dead_letter_table: str | None = None
     columns: tuple[str, ...] = ()
 
@@ -75,10 +76,10 @@ class PostgresSinkConfig(SinkConfig):
         return cls(
             dsn=join_dsn_password(get("dsn", ""), get("password")),
             table=get("table", ""),
-            protocol=get("protocol", "two-phase-commit"),
+            protocol=cast(PostgresProtocol, get("protocol", "two-phase-commit")),  # checked in __post_init__
             sink_id=get("sinkid", ""),
             key_columns=tuple(c.strip() for c in get("keycolumns", "").split(",") if c.strip()),
-            on_conflict=get("onconflict", "update"),
+            on_conflict=cast(Literal["update", "nothing"], get("onconflict", "update")),
             dead_letter_table=get("deadlettertable") or None,
             columns=columns,
         )
@@ -99,9 +100,13 @@ class PostgresSinkConfig(SinkConfig):
         return sink_type(self, checkpoint)
 
 
-def postgres_sink(dsn: str, table: str, protocol: str = "two-phase-commit", **options: Any) -> PostgresSinkConfig:
-    """The typed builder: ``postgres_sink(dsn, "balances", "two-phase-commit", key_columns=("account_id",))``."""
-    if "key_columns" in options:
-        options["key_columns"] = tuple(options["key_columns"])
-    return PostgresSinkConfig(dsn=dsn, table=table, protocol=protocol, **options)
+def postgres_sink(dsn: str, table: str, protocol: PostgresProtocol = "two-phase-commit", *, sink_id: str = "",
+                  key_columns: Sequence[str] = (), on_conflict: Literal["update", "nothing"] = "update",
+                  dead_letter_table: str | None = None, columns: Sequence[str] = ()) -> PostgresSinkConfig:
+    """A PostgreSQL sink into ``table`` (:class:`PostgresSinkConfig` says what each setting does):
+    ``postgres_sink(dsn, "balances", "two-phase-commit", key_columns=("account_id",))``.
+    ``sink_id`` defaults to ``pg-<table>``; ``columns`` are the stream's, which the stream writer
+    fills in."""
+    return PostgresSinkConfig(dsn=dsn, table=table, protocol=protocol, sink_id=sink_id, key_columns=tuple(key_columns),
+                              on_conflict=on_conflict, dead_letter_table=dead_letter_table, columns=tuple(columns))
 
