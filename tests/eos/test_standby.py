@@ -54,11 +54,11 @@ def progress(kafka: KafkaConfig, topic: str, expected: list[int], output: KafkaO
         time.sleep(0.5)
 
 
-STANDBY_PIPELINES = ["kafka-transactional", "kafka-write-ahead-log", "postgres-two-phase-commit",
-                     "postgres-write-ahead-log", "fan-out-postgres-kafka-wal"]
-"""Every protocol: Kafka transactional and write-ahead log, PostgreSQL two-phase commit and
-write-ahead log, and one query fanned out into a table (two-phase commit) and a topic
-(write-ahead log)."""
+STANDBY_PIPELINES = ["kafka-transactional", "postgres-write-ahead-log", "fan-out-postgres-kafka-wal"]
+"""Every protocol in three runs: Kafka transactional, PostgreSQL write-ahead log, and one query
+fanned out into a table by two-phase commit and a topic by write-ahead log (each target judged
+on its own). A run of its own for PostgreSQL two-phase commit and Kafka write-ahead log passed
+as well (1 run each, 246 s and 265 s in a full suite) and cost the suite four minutes."""
 
 
 @pytest.mark.parametrize("pipeline", STANDBY_PIPELINES)
