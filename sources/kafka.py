@@ -353,7 +353,11 @@ def kafka_stream(
 ) -> DataFrame:
     """The typed builder: a streaming DataFrame over ``topics`` (registers the source first).
 
-    ``options`` are further source options (``includeHeaders``, ``kafka.security.protocol``...).
+    ``starting_offsets`` is where a new checkpoint's first batch starts: ``earliest`` by
+    default, unlike Spark's own Kafka source (``latest``), so that a pipeline's first run reads
+    what the topic already holds; ``latest`` or per-partition JSON as in Spark. Once the
+    checkpoint has a batch, its offsets decide. ``options`` are further source options
+    (``includeHeaders``, ``kafka.security.protocol``...).
     """
     register(spark)
     reader = (
