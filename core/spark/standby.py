@@ -3,12 +3,11 @@ session and the Python processes Spark keeps for Python data sources started, an
 other driver holds the query's lease (:mod:`oncekit.core.lease`), so that it starts the query
 seconds after the active driver died instead of the half minute a fresh driver takes.
 
-In a job of your own::
-
-    from oncekit.sources.kafka import WARM_UP_MODULES, analyze_for_warm_up
+In a job of your own, the caller hands in what its Python workers import and what to analyze
+(the kit's Kafka source offers both, ``WARM_UP_MODULES`` and ``analyze_for_warm_up``)::
 
     frame = kafka_stream(spark, servers, "events")   # analyzed now, while the active driver runs
-    stand_by(spark, [checkpoint], modules=WARM_UP_MODULES, analyze=analyze_for_warm_up)  # warm up, wait
+    stand_by(spark, [checkpoint], modules=modules, analyze=analyze)  # warm up, wait
     query = start_query(frame, sink, checkpoint)
 
 What a warm-up starts (measured on two cores: a fresh session's first query spends 10-15 s on
