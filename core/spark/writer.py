@@ -148,7 +148,7 @@ class EngineStreamWriter(DataSourceStreamArrowWriter):
     def __init__(self, config: SinkConfig, checkpoint: str, run: QueryRun) -> None:
         self.config, self.checkpoint, self.run = config, checkpoint, run
         self.epoch = 0
-        token = refuse_plain_start(config, run)
+        self.token = token = refuse_plain_start(config, run)
         engine = self._engine()
         # Recovery mends what an earlier run left; within a run, checkpoint and abort keep the
         # journal and the sink in step. Recovering at every writer (two a batch) would cost a
@@ -196,10 +196,10 @@ class EngineStreamWriter(DataSourceStreamArrowWriter):
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Driver: every task succeeded; journal the batch before Spark logs it as committed,
         unless another driver has taken the query's lease over (:func:`~oncekit.core.lease.require_held`)."""
-        require_held(self.checkpoint, self.run.token or "", f"sink {self.config.sink_id} batch {batchId}")
+        require_held(self.checkpoint, self.token, f"sink {self.config.sink_id} batch {batchId}")
         self._engine().checkpoint(batchId, _committables(messages), notified=self.run.notified)
         if self.run.committer:
-            committer.wake(self.config, self.checkpoint, self.run.token or "", batchId)
+            committer.wake(self.config, self.checkpoint, self.token, batchId)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Driver: the batch failed; abort what its tasks pre-committed, then sweep the batch's
