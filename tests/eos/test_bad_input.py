@@ -242,6 +242,32 @@ def test_a_new_checkpoint_taking_over_a_retired_querys_sink_id_commits_its_own_b
     assert verdict.exactly_once, verdict.summary()
 
 
+def test_a_retired_querys_paused_driver_committing_during_a_takeovers_start_cannot_make_it_skip_a_batch(
+        postgres_dsn: str, table: str, tmp_path: Path) -> None:
+    """The first query's driver pauses with batch 1 prepared and journaled, not committed; its
+    checkpoint is deleted and a new query takes the sink id over. The old driver wakes and commits
+    its batch 1 in the middle of the new query's start (after the new query's checks, before its
+    recovery): its marker rows of batch 1 must not make the sink skip the new query's batch 1 as
+    committed. (A write-ahead-log driver cannot: its staged files went with its checkpoint.)"""
+    config = postgres_sink(postgres_dsn, table, "two-phase-commit", columns=("id", "payload"))
+    first, second = tmp_path / "first", tmp_path / "second"
+    spark_logged(first, 0)
+    old = engine_of(config, first)
+    committables = [c for partition, part in enumerate([table_rows([0]), table_rows([1])])
+                    for c in old.write_task(TaskInfo(config.sink_id, 1, partition, 10, old.epoch), iter([part]))]
+    old.checkpoint(1, committables)  # journaled; the driver pauses before its commit
+    subprocess.run(["rm", "-rf", str(first)], check=True)  # the first query retired: its checkpoint deleted
+    spark_logged(second, 0)
+    new = CheckpointEngine.of(config, str(second))
+    new.preflight()
+    old.sink.commit_batch(1, committables)  # the old driver wakes and commits its batch 1
+    new.start_run("new")
+    run_batch(new, 1, [table_rows([2]), table_rows([3])], second)
+    got = ids_of(postgres_dsn, table)
+    # The old driver's batch 1 is committed whole or not at all; the new query's batch 1 exactly once.
+    assert got in ([2, 3], [0, 1, 2, 3]), got
+
+
 # -- Spark's own files and the source's offsets -----------------------------------------------
 
 def drain(spark: Any, kafka: KafkaConfig, topic: str, sink: SinkConfig, checkpoint: str) -> None:
