@@ -66,17 +66,19 @@ class CheckpointEngine:
         return cls(config.build(checkpoint), checkpoint, epoch)
 
     def preflight(self) -> None:
-        """Driver, once per query start (the stream writer): the sink's checks, then its claim on
-        the sink id for this checkpoint's query (:meth:`~oncekit.core.protocol.Sink.claim`)."""
+        """Driver, once per query start (the stream writer): the sink's checks, then whether the
+        sink id is free for this checkpoint's query
+        (:meth:`~oncekit.core.protocol.Sink.refuse_claimed`)."""
         self.sink.preflight(resumed=self.journal.run() is not None)
-        query_id = self.spark_log.query_id()
-        if query_id is not None:  # Spark writes it before it creates the writer; a test harness may not
-            self.sink.claim(SinkOwner(query_id, self.location), owner_in_use)
+        owner = self._owner()
+        if owner is not None:
+            self.sink.refuse_claimed(owner, owner_in_use)
 
     def start_run(self, token: str) -> RecoveryReport:
         """Driver, the first stream writer of query run ``token``, after :meth:`preflight`: take
         the run's epoch (the sink's fencing token: above every earlier run's, recorded in the
-        target, :meth:`~oncekit.core.protocol.Sink.take_epoch`), recover under it, then record
+        target, :meth:`~oncekit.core.protocol.Sink.take_epoch`), recover under it, claim the sink
+        id for this checkpoint's query (:meth:`~oncekit.core.protocol.Sink.claim`), then record
         the run. From the epoch on, the target refuses every older run's acts, and this run's
         aborts touch nothing of a newer run's."""
         epoch = self.sink.take_epoch(self.journal.latest_epoch())
@@ -84,9 +86,18 @@ class CheckpointEngine:
         self.sink.act_for(epoch)
         logger.info("sink %s: run %s takes epoch %s", self.sink.sink_id, token, epoch)
         report = self.recover()
+        owner = self._owner()
+        if owner is not None:
+            self.sink.claim(owner)
         self.journal.record_epoch(token, epoch)
         self.journal.start_run(token)
         return report
+
+    def _owner(self) -> SinkOwner | None:
+        """This checkpoint's query as the sink's owner; None before Spark wrote the query's id
+        (it does before it creates the writer; a test harness may not)."""
+        query_id = self.spark_log.query_id()
+        return None if query_id is None else SinkOwner(query_id, self.location)
 
     def refuse_superseded(self, where: str) -> None:
         """Driver: FencedError when a newer run than this engine's took the sink. A check for a

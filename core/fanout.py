@@ -198,9 +198,13 @@ class FanOutSink(Sink):
         wanted = None if batch_ids is None else list(batch_ids)
         return [c for sink in self.targets.values() for c in sink.leftovers(wanted)]
 
-    def claim(self, owner: SinkOwner, in_use: Callable[[SinkOwner, SinkOwner], str | None]) -> None:
+    def refuse_claimed(self, owner: SinkOwner, in_use: Callable[[SinkOwner, SinkOwner], str | None]) -> None:
         for sink in self.targets.values():
-            sink.claim(owner, in_use)
+            sink.refuse_claimed(owner, in_use)
+
+    def claim(self, owner: SinkOwner) -> None:
+        for sink in self.targets.values():
+            sink.claim(owner)
 
     def act_for(self, epoch: int) -> None:
         self.epoch = epoch

@@ -183,26 +183,35 @@ class Sink(ABC):
         names. The default holds nothing open."""
         return []
 
-    def claim(self, owner: SinkOwner, in_use: Callable[[SinkOwner, SinkOwner], str | None]) -> None:
+    def refuse_claimed(self, owner: SinkOwner, in_use: Callable[[SinkOwner, SinkOwner], str | None]) -> None:
         """Driver, at query start after ``preflight``: refuse (ConfigError) a sink id whose
-        recorded owner still holds it (``in_use`` says why, or None when it does not: see
-        :func:`oncekit.core.engine.owner_in_use`), else record ``owner``. Two checkpoints on one
-        sink id share transaction ids, markers and marker rows: each would take the other's
-        batches for its own and skip them, or abort the other's transactions. A checkpoint
-        deleted to start over, or a savepoint restored (same query id) while its original is
-        stopped, takes the id over. Another query taking it over starts its batch numbers again,
-        so the previous query's batch records are dropped first (:meth:`reset`): they would answer
-        for the new query's batches of the same numbers, which would be skipped as committed. Not
-        atomic: two first starts at the same moment both pass."""
+        recorded owner still holds it against ``owner`` (``in_use`` says why, or None when it
+        does not: see :func:`oncekit.core.engine.owner_in_use`). Two checkpoints on one sink id
+        share transaction ids, markers and marker rows: each would take the other's batches for
+        its own and skip them, or abort the other's transactions. A checkpoint deleted to start
+        over, or a savepoint restored (same query id) while its original is stopped, may take the
+        id over (:meth:`claim`). Not atomic: two first starts at the same moment both pass."""
         current = self.recorded_owner()
         if current is not None and current != owner:
             reason = in_use(current, owner)
             if reason is not None:
                 raise ConfigError(f"sink {self.sink_id}: {reason}; this query's checkpoint is {owner.checkpoint}")
-            if current.query_id != owner.query_id:
-                logger.info("sink %s: query %s takes the sink id over from query %s; dropping its batch records",
-                            self.sink_id, owner.query_id, current.query_id)
-                self.reset()  # before the new owner is recorded: a crash in between resets again
+
+    def claim(self, owner: SinkOwner) -> None:
+        """Driver, at a query run's start after its epoch and recovery
+        (:meth:`oncekit.core.engine.CheckpointEngine.start_run`), once :meth:`refuse_claimed`
+        let ``owner`` have the sink id: record ``owner``. Another query taking the id over starts
+        its batch numbers again, so the previous query's batch records are dropped first
+        (:meth:`reset`): they would answer for the new query's batches of the same numbers,
+        which would be skipped as committed. After the epoch and recovery, so that nothing the
+        previous query's drivers still commit can land after the reset: its tasks are fenced by
+        the epoch and its prepared transactions and staged batches were aborted. A crash between
+        the reset and the record resets again at the next start."""
+        current = self.recorded_owner()
+        if current is not None and current.query_id != owner.query_id:
+            logger.info("sink %s: query %s takes the sink id over from query %s; dropping its batch records",
+                        self.sink_id, owner.query_id, current.query_id)
+            self.reset()
         if current != owner:
             self.record_owner(owner)
 

@@ -52,10 +52,11 @@ def spark_logged(checkpoint: Path, batch_id: int, query_id: str = "") -> None:
 
 
 def engine_of(config: SinkConfig, checkpoint: Path) -> CheckpointEngine:
-    """A (re)started query's engine: preflight and recovery, as the stream writer does."""
+    """A (re)started query's engine: preflight and the run's start (epoch, recovery, claim), as
+    the stream writer's first writer of a run does."""
     engine = CheckpointEngine.of(config, str(checkpoint))
     engine.preflight()
-    engine.recover()
+    engine.start_run(f"run-{uuid.uuid4().hex[:8]}")
     return engine
 
 
@@ -261,7 +262,7 @@ def test_a_retired_querys_paused_driver_committing_during_a_takeovers_start_cann
     new = CheckpointEngine.of(config, str(second))
     new.preflight()
     old.sink.commit_batch(1, committables)  # the old driver wakes and commits its batch 1
-    new.start_run("new")
+    new.start_run("new-query")
     run_batch(new, 1, [table_rows([2]), table_rows([3])], second)
     got = ids_of(postgres_dsn, table)
     # The old driver's batch 1 is committed whole or not at all; the new query's batch 1 exactly once.
