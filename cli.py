@@ -2,8 +2,10 @@
 ``produce``, ``verify``, ``pipeline run``, ``savepoint create|list|restore|delete``, ``doctor``
 and ``status``.
 
-The reference pipeline's commands (``demo``, ``produce``, ``pipeline``, ``savepoint``) and ``doctor``
-parse their flags here and make one call into :mod:`oncekit.reference` or :mod:`oncekit.doctor`.
+Every command parses its flags here and makes one call into the module that does it:
+:mod:`oncekit.runner` (``run``), :mod:`oncekit.savepoints`, :mod:`oncekit.doctor`,
+:mod:`oncekit.reference` (``demo``, ``produce``, ``pipeline``), :mod:`oncekit.verify`,
+:mod:`oncekit.status`.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 
 import oncekit
 from oncekit.connectors.services import BACKENDS
-from oncekit.core.errors import OncekitError
+from oncekit.core.errors import ConfigError, OncekitError
 
 
 SECURED_HELP = ("local backend: Kafka with SASL_SSL (SCRAM-SHA-256) only, PostgreSQL with TLS and "
@@ -25,7 +27,7 @@ SECURED_HELP = ("local backend: Kafka with SASL_SSL (SCRAM-SHA-256) only, Postgr
 def _run(args: argparse.Namespace) -> int:
     from oncekit import runner
 
-    return runner.run_job(args.job, args.restart, args.standby, args.app_name)
+    return runner.run_job(args.job, args.restart, args.standby, args.app_name, args.ui)
 
 
 def _services(args: argparse.Namespace) -> int:
@@ -76,11 +78,11 @@ def _pipeline(args: argparse.Namespace) -> int:
 
 
 def _savepoint(args: argparse.Namespace) -> int:
-    from oncekit.reference import commands
+    from oncekit import savepoints
 
     # Each action has only its own flags (create: name, --timeout; restore: name, --state-partitions).
-    return commands.savepoint(args.action, getattr(args, "name", None), args.dir, getattr(args, "timeout", 300.0),
-                              args.config, _overrides(args), getattr(args, "state_partitions", None))
+    return savepoints.main(args.action, getattr(args, "name", None), args.dir, getattr(args, "checkpoint", None),
+                           getattr(args, "timeout", 300.0), getattr(args, "state_partitions", None))
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -95,19 +97,24 @@ def _status(args: argparse.Namespace) -> int:
 def _doctor(args: argparse.Namespace) -> int:
     from oncekit import doctor
 
-    return doctor.main(args.config, _overrides(args))
+    if args.config:
+        from oncekit.reference.config import load_with_services
+
+        if args.topic or args.checkpoint:
+            raise ConfigError("doctor: --config takes the topic and checkpoint from the pipeline's config; "
+                              "give --topic and --checkpoint without it")
+        flags = {"services.kafka_bootstrap": args.bootstrap, "services.postgres_dsn": args.dsn}
+        return doctor.main(doctor.target_from_config(load_with_services(args.config, flags)))
+    return doctor.main(doctor.target_from_flags(args.bootstrap, args.dsn, args.topic, args.checkpoint,
+                                                args.two_phase_targets))
 
 
-STATE_PARTITIONS_HELP = ("restore: rescale the state to N partitions through Spark's offline repartitioning "
+STATE_PARTITIONS_HELP = ("rescale the restored state to N partitions through Spark's offline repartitioning "
                          "(default: the savepoint's)")
 
 
 def _add_pipeline_commands(commands: Any) -> None:
-    """``pipeline run``, ``savepoint create|list|restore|delete``, ``doctor`` and ``status``.
-
-The reference pipeline's commands (``demo``, ``produce``, ``pipeline``, ``savepoint``) and ``doctor``
-parse their flags here and make one call into :mod:`oncekit.reference` or :mod:`oncekit.doctor`.
-"""
+    """``pipeline run``, ``savepoint create|list|restore|delete``, ``doctor`` and ``status``."""
     def config_flags(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--config", help="pipeline config file (TOML); flags override it")
         parser.add_argument("--bootstrap", help="Kafka bootstrap servers")
@@ -125,27 +132,40 @@ parse their flags here and make one call into :mod:`oncekit.reference` or :mod:`
     config_flags(run)
     run.set_defaults(run=_pipeline)
 
-    saving = commands.add_parser("savepoint", help="create, list, restore or delete savepoints of the pipeline")
+    saving = commands.add_parser("savepoint", help="create, list, restore or delete savepoints of any job's queries")
     actions = saving.add_subparsers(dest="action", required=True)
-    helps = {"create": "stop the running pipeline with a savepoint (or copy a stopped one's checkpoints)",
-             "list": "the savepoints in --dir", "restore": "copy a savepoint into the pipeline's checkpoint location",
+    helps = {"create": "stop the job running from --checkpoint with a savepoint, wherever its driver runs (or copy "
+                       "a stopped job's checkpoints)",
+             "list": "the savepoints in --dir", "restore": "copy a savepoint into a new checkpoint root",
              "delete": "delete a savepoint"}
     for action, text in helps.items():
         each = actions.add_parser(action, help=text)
         if action == "create":
             each.add_argument("name", nargs="?", help="savepoint name (default: a timestamp)")
             each.add_argument("--timeout", type=float, default=300.0,
-                              help="seconds to wait for the running pipeline to stop with it (default %(default)s)")
+                              help="seconds to wait for the running job to stop with it (default %(default)s)")
         elif action in ("restore", "delete"):
             each.add_argument("name", help="savepoint name (oncekit savepoint list shows them)")
+        if action in ("create", "restore"):
+            each.add_argument("--checkpoint", required=True, metavar="ROOT",
+                              help="the job's checkpoint root, whose subfolders are its queries' checkpoints (a path or "
+                                   "a URI); restore: a new, empty one")
         if action == "restore":
             each.add_argument("--state-partitions", type=int, metavar="N", help=STATE_PARTITIONS_HELP)
         each.add_argument("--dir", default=".oncekit/savepoints", help="where savepoints live (a path or a URI)")
-        config_flags(each)
         each.set_defaults(run=_savepoint)
 
-    doctor = commands.add_parser("doctor", help="preflight checks of Java, Spark, Kafka and PostgreSQL")
-    config_flags(doctor)
+    doctor = commands.add_parser("doctor", help="preflight checks of Java, Spark, Kafka and PostgreSQL for a job")
+    doctor.add_argument("--bootstrap", help="Kafka bootstrap servers (default: ONCEKIT_KAFKA_BOOTSTRAP, or 'oncekit "
+                                            "services up'; client settings from ONCEKIT_KAFKA_CLIENT_CONFIG)")
+    doctor.add_argument("--dsn", help="PostgreSQL connection string (prefer ONCEKIT_POSTGRES_DSN: flags show in ps)")
+    doctor.add_argument("--topic", action="append", default=[], help="a topic the job reads; repeat for several")
+    doctor.add_argument("--checkpoint", action="append", default=[], metavar="LOCATION",
+                        help="a query's checkpoint: its state partitions size the prepared transactions; repeat")
+    doctor.add_argument("--two-phase-targets", type=int, default=1, metavar="N",
+                        help="how many two-phase-commit sinks the job writes at once (default %(default)s)")
+    doctor.add_argument("--config", help="the reference pipeline's config file (TOML): its addresses, topic, checkpoint "
+                                         "and sinks instead of --topic, --checkpoint and --two-phase-targets")
     doctor.set_defaults(run=_doctor)
 
     status = commands.add_parser("status", help="status page and Prometheus /metrics for running or stopped queries")
@@ -182,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
                      help="start as a warm standby of the driver running the job's queries on this checkpoint (repeat "
                           "for each): warm up, wait, and take over once that driver is gone")
     run.add_argument("--app-name", default="oncekit-job", help="the Spark application's name (default %(default)s)")
+    run.add_argument("--ui", type=int, metavar="PORT", help="serve the status page and /metrics of the job's queries "
+                                                             "on this port while it runs (the [status] extra)")
     run.set_defaults(run=_run)
 
     services = commands.add_parser("services", help="start, stop or check Kafka and PostgreSQL")

@@ -1,4 +1,8 @@
-"""``oncekit doctor``: preflight checks of the machine and the configured Kafka and PostgreSQL.
+"""``oncekit doctor``: preflight checks of the machine and of a job's Kafka and PostgreSQL.
+
+What it checks is a :class:`DoctorTarget`: made from flags for any job (:func:`target_from_flags`:
+the addresses, the topics, the queries' checkpoints) or from the reference pipeline's config
+(:func:`target_from_config`).
 
 Each check answers with a status (ok, warn, fail), one line of detail and one line of fix. The
 checks catch what users of exactly-once pipelines trip over: a Java or Spark too old for the
@@ -13,15 +17,36 @@ import importlib.util
 import re
 import shutil
 import subprocess
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from oncekit.connectors.redact import redact_dsn
 from oncekit.core.errors import OncekitError
-from oncekit.reference.config import PipelineConfig, load_with_services
+
+if TYPE_CHECKING:
+    from oncekit.reference.config import PipelineConfig
 
 OK, WARN, FAIL = "ok", "warn", "fail"
+SUPPORTED_SPARK = ((4, 2), (5, 0))
+"""The PySpark versions the kit supports, from the first up to (not including) the second: the
+``[spark]`` extra's ``pyspark>=4.2,<5`` in pyproject.toml."""
+
+
+@dataclass(frozen=True)
+class DoctorTarget:
+    """What the checks look at: the Kafka cluster (``bootstrap``, ``kafka_client``: librdkafka
+    settings such as SASL), the ``topics`` the job reads or writes, the PostgreSQL server
+    (``dsn``), and how many prepared transactions its two-phase-commit sinks hold at once: one per
+    writer partition (``writer_partitions``; None: a new query's shuffle partitions) and target
+    (``two_phase_targets``), for each batch in flight."""
+
+    bootstrap: str
+    dsn: str = field(default="", repr=False)
+    kafka_client: Mapping[str, str] = field(default_factory=dict, repr=False)
+    topics: tuple[str, ...] = ()
+    writer_partitions: int | None = None
+    two_phase_targets: int = 1
 
 
 @dataclass(frozen=True)
@@ -62,8 +87,9 @@ def _spark() -> Check:
         return Check("spark", FAIL, "pyspark is not installed", "pip install 'oncekit[spark]'")
     version = pyspark.__version__
     major, minor = (int(p) for p in version.split(".")[:2])
-    if (major, minor) < (4, 1):
-        return Check("spark", FAIL, f"PySpark {version}; transformWithState needs 4.1 or newer", "pip install 'oncekit[spark]'")
+    if not SUPPORTED_SPARK[0] <= (major, minor) < SUPPORTED_SPARK[1]:
+        return Check("spark", FAIL, f"PySpark {version}; oncekit supports {SUPPORTED_SPARK[0][0]}.{SUPPORTED_SPARK[0][1]} "
+                     f"up to {SUPPORTED_SPARK[1][0]}.0, as its [spark] extra says", "pip install 'oncekit[spark]'")
     missing = [m for m in ("google.protobuf", "grpc") if importlib.util.find_spec(m) is None]
     if missing:
         return Check("spark", FAIL, f"PySpark {version}, but {', '.join(missing)} missing (transformWithState needs them)",
@@ -83,17 +109,16 @@ def _reachable(service: str, address: str, check: Callable[[str], None], missing
     return Check(service, OK, shown)
 
 
-def _kafka(config: PipelineConfig) -> list[Check]:
+def _kafka(target: DoctorTarget) -> list[Check]:
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
     from oncekit.connectors.kafka import KafkaConfig, broker_settings, check_broker
     from oncekit.sinks.kafka import DEFAULT_TRANSACTION_TIMEOUT_MS as sink_timeout_ms
 
-    bootstrap = config.kafka_bootstrap()
-    client = config.kafka_config().client if bootstrap else {}
+    bootstrap, client = target.bootstrap, dict(target.kafka_client)
     reached = _reachable("kafka", bootstrap, lambda address: check_broker(address, client),
-                         "set [services] kafka_bootstrap, ONCEKIT_KAFKA_BOOTSTRAP, or run 'oncekit services up'",
+                         "give --bootstrap, set ONCEKIT_KAFKA_BOOTSTRAP, or run 'oncekit services up'",
                          "start the broker, or fix the bootstrap address; a single broker needs "
                          "transaction.state.log.replication.factor=1 and transaction.state.log.min.isr=1",
                          f"{bootstrap} answers and a transactional producer initialises")
@@ -123,21 +148,21 @@ def _kafka(config: PipelineConfig) -> list[Check]:
     checks.append(Check("kafka transactional.id.expiration.ms", OK if expiration >= 3_600_000 else WARN,
                         f"{expiration // 60_000} min", "" if expiration >= 3_600_000 else
                         "raise it above the longest pipeline downtime, or batch markers of idle sinks expire"))
-    topic = config.topics.payments
-    exists = topic in metadata.topics
-    checks.append(Check(f"kafka topic {topic}", OK if exists else WARN,
-                        f"{len(metadata.topics[topic].partitions)} partitions" if exists else "missing",
-                        "" if exists else "the pipeline creates it; or: oncekit produce"))
+    for topic in target.topics:
+        exists = topic in metadata.topics
+        checks.append(Check(f"kafka topic {topic}", OK if exists else WARN,
+                            f"{len(metadata.topics[topic].partitions)} partitions" if exists else "missing",
+                            "" if exists else "create it before the job reads it (a sink creates the topics it writes)"))
     checks.append(Check("kafka isolation level", OK, "the source reads read_committed (kafka.isolation.level)"))
     return checks
 
 
-def _postgres(config: PipelineConfig) -> list[Check]:
+def _postgres(target: DoctorTarget) -> list[Check]:
     from oncekit.connectors.postgres import check_server, connect
 
-    dsn = config.postgres_dsn()
+    dsn = target.dsn
     reached = _reachable("postgres", dsn, check_server,
-                         "set [services] postgres_dsn, ONCEKIT_POSTGRES_DSN, or run 'oncekit services up'",
+                         "give --dsn (or set ONCEKIT_POSTGRES_DSN), or run 'oncekit services up'",
                          "start the server, or fix the connection string", f"{redact_dsn(dsn)} accepts connections")
     if reached.status == FAIL:
         return [reached]
@@ -152,7 +177,7 @@ def _postgres(config: PipelineConfig) -> list[Check]:
         isolation = show("default_transaction_isolation")
     checks.append(Check("postgres version", OK if version >= 110000 else FAIL, f"{version // 10000}",
                         "" if version >= 110000 else "use PostgreSQL 11 or newer"))
-    wanted, why = prepared_wanted(config)
+    wanted, why = prepared_wanted(target)
     status = FAIL if prepared == 0 else WARN if prepared < wanted else OK
     checks.append(Check("postgres max_prepared_transactions", status,
                         f"{prepared}; two-phase commit holds up to {wanted} at once here ({why})",
@@ -169,27 +194,65 @@ IN_FLIGHT_BATCHES = 3
 listener commits, and one a restart runs again while recovery settles the last."""
 
 
-def prepared_wanted(config: PipelineConfig) -> tuple[int, str]:
-    """How many prepared transactions the reference pipeline can hold at once, and why: one per
-    writer partition (the query's state partitions, as its checkpoint fixed them, else the
-    shuffle partitions a new one gets) and two-phase-commit target, for each batch in flight."""
+def prepared_wanted(target: DoctorTarget) -> tuple[int, str]:
+    """How many prepared transactions the job can hold at once, and why: one per writer partition
+    (the queries' state partitions, as their checkpoints fixed them, else the shuffle partitions
+    a new query gets) and two-phase-commit target, for each batch in flight."""
     from oncekit.core.spark.session import default_conf
-    from oncekit.core.spark_log import SparkLog
 
-    try:
-        partitions = SparkLog(f"{config.pipeline.checkpoint}/pipeline").state_partitions()
-    except OSError:
-        partitions = None
-    partitions = partitions or int(default_conf()["spark.sql.shuffle.partitions"])
-    targets = sum(protocol == "two-phase-commit" for protocol in (config.guarantees.balances, config.guarantees.minute_totals))
+    partitions = target.writer_partitions or int(default_conf()["spark.sql.shuffle.partitions"])
+    targets = target.two_phase_targets
     return (partitions * targets * IN_FLIGHT_BATCHES,
             f"{partitions} writer partitions x {targets} two-phase-commit targets x {IN_FLIGHT_BATCHES} batches in flight")
 
 
-def run(config: PipelineConfig) -> list[Check]:
+def _state_partitions(checkpoints: Sequence[str]) -> int | None:
+    """The most state partitions any of the queries checkpointed at ``checkpoints`` has."""
+    from oncekit.core.spark_log import SparkLog
+
+    found = []
+    for checkpoint in checkpoints:
+        try:
+            found.append(SparkLog(checkpoint).state_partitions())
+        except OSError:
+            continue
+    return max((n for n in found if n), default=None)
+
+
+def target_from_config(config: PipelineConfig) -> DoctorTarget:
+    """The reference pipeline's services, input topic, checkpoint and two-phase-commit targets."""
+    return DoctorTarget(config.kafka_bootstrap(), config.postgres_dsn(),
+                        config.kafka_config().client if config.kafka_bootstrap() else {}, (config.topics.payments,),
+                        _state_partitions([f"{config.pipeline.checkpoint}/pipeline"]),
+                        sum(protocol == "two-phase-commit"
+                            for protocol in (config.guarantees.balances, config.guarantees.minute_totals)))
+
+
+def target_from_flags(bootstrap: str | None, dsn: str | None, topics: Sequence[str] = (),
+                      checkpoints: Sequence[str] = (), two_phase_targets: int = 1) -> DoctorTarget:
+    """Any job's: the addresses given, else ONCEKIT_KAFKA_BOOTSTRAP and ONCEKIT_POSTGRES_DSN, else
+    the services 'oncekit services up' started; the librdkafka settings of the file
+    ONCEKIT_KAFKA_CLIENT_CONFIG names; the state partitions of its queries' ``checkpoints``."""
+    import os
+
+    from oncekit.connectors.kafka import client_properties
+    from oncekit.connectors.services import load_state
+
+    bootstrap = bootstrap or os.environ.get("ONCEKIT_KAFKA_BOOTSTRAP", "")
+    dsn = dsn or os.environ.get("ONCEKIT_POSTGRES_DSN", "")
+    if not (bootstrap and dsn):
+        running = load_state()
+        if running is not None:
+            bootstrap, dsn = bootstrap or running.kafka.bootstrap_servers, dsn or running.postgres.dsn
+    client_file = os.environ.get("ONCEKIT_KAFKA_CLIENT_CONFIG", "")
+    return DoctorTarget(bootstrap, dsn, client_properties(client_file) if client_file else {}, tuple(topics),
+                        _state_partitions(checkpoints), two_phase_targets)
+
+
+def run(target: DoctorTarget) -> list[Check]:
     """Every check, in order: the machine, Kafka, PostgreSQL. Never raises for a failed check."""
     checks: list[Check] = []
-    steps: list[Callable[[], Check | list[Check]]] = [_java, _spark, lambda: _kafka(config), lambda: _postgres(config)]
+    steps: list[Callable[[], Check | list[Check]]] = [_java, _spark, lambda: _kafka(target), lambda: _postgres(target)]
     for step in steps:
         found = step()
         checks.extend(found if isinstance(found, list) else [found])
@@ -207,11 +270,10 @@ def table(checks: list[Check]) -> str:
     return "\n".join(lines)
 
 
-def main(config_path: str | None = None, overrides: Mapping[str, Any] | None = None) -> int:
-    """``oncekit doctor``: run the checks against the pipeline config (``config_path`` and
-    ``overrides``, see :func:`oncekit.reference.config.load_with_services`), print them and
-    return 1 if any failed."""
-    checks = run(load_with_services(config_path, overrides))
+def main(target: DoctorTarget) -> int:
+    """``oncekit doctor``: run the checks against ``target``, print them and return 1 if any
+    failed."""
+    checks = run(target)
     print(table(checks))
     failed = [c for c in checks if c.status == FAIL]
     print(f"{len(checks)} checks: {len(failed)} failed" if failed else f"{len(checks)} checks passed")

@@ -13,7 +13,9 @@ A job is a function of the Spark session that starts its queries with
 
 Each attempt calls the function on the session and waits until every query it started has
 ended (drained with ``availableNow``) or one failed; then it stops the others and the restart
-strategy decides (:func:`~oncekit.core.restart.supervise`). Called by :mod:`oncekit.cli`; a
+strategy decides (:func:`~oncekit.core.restart.supervise`). ``oncekit savepoint create
+--checkpoint ROOT``, from any host, stops the job's queries checkpointed under ``ROOT`` at a
+batch boundary with a savepoint (:mod:`oncekit.core.savepoint_stop`). Called by :mod:`oncekit.cli`; a
 tool on top of the library, like the reference pipeline.
 """
 
@@ -29,10 +31,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from oncekit.core import savepoint as savepoints
 from oncekit.core.errors import ConfigError
 from oncekit.core.restart import RestartStrategy, strategy_from_config, supervise
 from oncekit.core.spark.query import OncekitQuery
 from oncekit.core.spark.session import spark_session
+from oncekit.core.savepoint import identify
+from oncekit.core.savepoint_stop import StopRequests
 from oncekit.core.spark.standby import stand_by
 from oncekit.sources.kafka import WARM_UP_MODULES, analyze_for_warm_up
 
@@ -87,31 +92,85 @@ def _queries(job: str, started: Any) -> list[OncekitQuery]:
     return queries
 
 
-def attempt(job: str, start: Callable[[Any], Any], spark: Any) -> None:
-    """One attempt: start the job's queries and wait until all ended, or one failed (then the
-    others are stopped and its error raised, for the restart strategy)."""
-    queries = _queries(job, start(spark))
+class Attempt:
+    """One attempt of a job: start its queries, wait until all ended, one failed (then the others
+    are stopped and its error raised, for the restart strategy), or a stop-with-savepoint was
+    asked for (``oncekit savepoint create --checkpoint ROOT``: then the queries stop at a batch
+    boundary and the savepoint is taken, :attr:`saved`). ``on_started`` hears the started queries."""
+
+    def __init__(self, job: str, start: Callable[[Any], Any],
+                 on_started: Callable[[list[OncekitQuery]], None] = lambda queries: None) -> None:
+        self.job, self.start, self.on_started = job, start, on_started
+        self.saved: savepoints.Savepoint | None = None
+
+    def __call__(self, spark: Any) -> None:
+        queries = _queries(self.job, self.start(spark))
+        self.on_started(queries)
+        requests = StopRequests(sorted({_parent(query.checkpoint) for query in queries}))
+        wanted = None
+        try:
+            while (any(query.isActive for query in queries) and not any(q.exception() is not None for q in queries)
+                   and wanted is None):
+                time.sleep(POLL_S)
+                wanted = requests.take()
+        finally:
+            failed = [query for query in queries if query.exception() is not None]
+            for query in queries:
+                if query not in failed and query.isActive and wanted is not None:
+                    query.stop_at_batch_boundary()
+                elif query not in failed and query.isActive:
+                    query.stop()
+        for query in failed or queries:
+            query.await_termination()  # raises a failed query's error; commits and releases an ended one's
+        if wanted is not None:
+            mine = {query.checkpoint.rpartition("/")[2]: identify(query.checkpoint) for query in queries
+                    if _parent(query.checkpoint) == wanted.root}
+            self.saved = savepoints.create(wanted.root, wanted.into, wanted.name, mine)
+            requests.answered(wanted)
+
+
+def _parent(checkpoint: str) -> str:
+    """The checkpoint root a query's checkpoint is in (where stop requests for its job arrive)."""
+    return savepoints.location(checkpoint).rpartition("/")[0]
+
+
+def status_page(port: int) -> Callable[[list[OncekitQuery]], None]:
+    """``--ui``: serve the status page of the job's queries on ``port`` once they first started
+    (kept across restarts; the [status] extra)."""
     try:
-        while any(query.isActive for query in queries) and not any(q.exception() is not None for q in queries):
-            time.sleep(POLL_S)
-    finally:
-        failed = [query for query in queries if query.exception() is not None]
-        for query in queries:
-            if query not in failed and query.isActive:
-                query.stop()
-    for query in failed or queries:
-        query.await_termination()  # raises a failed query's error; commits and releases an ended one's
+        from oncekit.status.collector import Watched
+        from oncekit.status.command import _addresses, protocols_of, start_page
+    except ImportError as exc:
+        raise ConfigError(f"oncekit run --ui: the status page needs the [status] extra (pip install 'oncekit[status]'): "
+                          f"{exc}") from exc
+    started: list[Any] = []
+
+    def serve(queries: list[OncekitQuery]) -> None:
+        if started:
+            return
+        watched = [Watched(q.checkpoint.rpartition("/")[2], q.checkpoint, protocols_of(q.sink)) for q in queries]
+        page = start_page(watched, port, *_addresses(None, None))
+        started.append(page)
+        print(f"status page: {page.url} (metrics at {page.url}metrics)", flush=True)
+
+    return serve
 
 
-def run_job(job: str, restart: str = DEFAULT_RESTART, standby: Sequence[str] = (), app_name: str = "oncekit-job") -> int:
+def run_job(job: str, restart: str = DEFAULT_RESTART, standby: Sequence[str] = (), app_name: str = "oncekit-job",
+            ui_port: int | None = None) -> int:
     """``oncekit run``: run ``job`` under the restart strategy ``restart``; with ``standby`` (the
-    job's checkpoint locations), warm up and wait until no other driver holds them first."""
+    job's checkpoint locations), warm up and wait until no other driver holds them first; with
+    ``ui_port``, serve the status page while it runs. Ends when the job's queries ended, the
+    strategy gave up (RestartsExhaustedError), or a stop-with-savepoint was taken."""
     start, strategy = load_job(job), parse_restart(restart)
     session = functools.partial(spark_session, app_name)
     if standby:
         stand_by(session(), list(standby), announce=print, modules=WARM_UP_MODULES, analyze=analyze_for_warm_up)
         print("standby: taking over", flush=True)
-    restarts = supervise(lambda: attempt(job, start, session()), strategy,
+    one = Attempt(job, start, status_page(ui_port) if ui_port is not None else lambda queries: None)
+    restarts = supervise(lambda: one(session()), strategy,
                          on_restart=lambda count, error: print(f"job {job} failed ({error}); restart {count}", flush=True))
+    if one.saved is not None:
+        print(f"stopped with savepoint {one.saved.name} at {one.saved.path}", flush=True)
     print(f"job {job} finished ({restarts} restarts)", flush=True)
     return 0

@@ -46,15 +46,20 @@ from oncekit.core.errors import SavepointError
 from oncekit.core.journal import Journal
 from oncekit.core.lease import LEASE, QueryLease
 from oncekit.core.protocol import SinkConfig
+from oncekit.core.spark.plan import PlanRecord
 from oncekit.core.spark_log import SparkLog
 from oncekit.core.storage import delete_file, filesystem, list_names, read_bytes, write_atomically
 
-__all__ = ["METADATA", "REPLAY_AFTER_RESTORE", "SavedQuery", "Savepoint", "SavepointError", "check_compatible", "create",
-           "delete", "location", "list_savepoints", "load", "replay_notes", "restore"]
+__all__ = ["METADATA", "PLAN", "REPLAY_AFTER_RESTORE", "SavedQuery", "Savepoint", "SavepointError", "check_compatible", "create",
+           "delete", "identify", "location", "list_savepoints", "load", "queries_under", "replay_notes", "restore"]
 
 logger = logging.getLogger(__name__)
 
 METADATA = "savepoint.json"
+PLAN = "plan:"
+"""What a fingerprint taken from a checkpoint's plan record (:func:`identify`) starts with; a
+job's own fingerprints (the reference pipeline's, of operators, sink and schema) do not.
+:func:`check_compatible` compares fingerprints of one kind only."""
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
 
 
@@ -115,6 +120,30 @@ def _versions() -> dict[str, str]:
         except PackageNotFoundError:
             found[package] = "unknown"
     return found
+
+
+def queries_under(root: str) -> list[str]:
+    """The names of the query checkpoints in the checkpoint root ``root`` (its subfolders that
+    hold a Spark checkpoint), sorted."""
+    where = location(root)
+    fs, path = filesystem(where)
+    return sorted(name for name in list_names(fs, path, folders_only=True) if SparkLog(f"{where}/{name}").exists())
+
+
+def identify(checkpoint: str) -> dict[str, str]:
+    """What a savepoint records of any job's query from its checkpoint alone: the sink id its
+    journal is kept under and the fingerprint of its newest run's plan
+    (:class:`~oncekit.core.spark.plan.PlanRecord`, after :data:`PLAN`; nothing after it when the
+    session could not show the plan).
+    SavepointError when the checkpoint has no oncekit journal (a query not started with
+    :func:`oncekit.start_query`). Called by ``oncekit savepoint create`` and ``oncekit run``."""
+    kit = f"{location(checkpoint)}/oncekit"
+    fs, path = filesystem(kit)
+    sink_ids = [name for name in list_names(fs, path, folders_only=True) if _exists(f"{kit}/{name}/journal")]
+    if len(sink_ids) != 1:
+        raise SavepointError(f"checkpoint {checkpoint}: " + (f"journals of several sinks ({', '.join(sink_ids)})" if sink_ids
+                             else "no oncekit journal: a savepoint takes queries started with oncekit.start_query"))
+    return {"sink_id": sink_ids[0], "fingerprint": PLAN + (PlanRecord(location(checkpoint)).read() or "")}
 
 
 def create(checkpoint_root: str | Path, into: str | Path, name: str,
@@ -195,6 +224,9 @@ def check_compatible(savepoint: Savepoint, queries: Mapping[str, Mapping[str, st
         if saved[name].sink_id != queries[name]["sink_id"]:
             problems.append(f"query {name}: sink id {saved[name].sink_id!r} in the savepoint, "
                             f"{queries[name]['sink_id']!r} now")
+        elif saved[name].fingerprint.startswith(PLAN) != queries[name]["fingerprint"].startswith(PLAN):
+            logger.warning("query %s: the savepoint identifies it by its plan, this pipeline by its own fingerprint; "
+                           "sink ids compared, operators not", name)
         elif saved[name].fingerprint != queries[name]["fingerprint"]:
             problems.append(f"query {name}: operators, sink or output schema changed (fingerprint "
                             f"{saved[name].fingerprint} in the savepoint, {queries[name]['fingerprint']} now)")
@@ -203,13 +235,16 @@ def check_compatible(savepoint: Savepoint, queries: Mapping[str, Mapping[str, st
                              ". Restore it with the pipeline configuration it was taken with, or start without it")
 
 
-def restore(path: str | Path, checkpoint_root: str | Path, queries: Mapping[str, Mapping[str, str]]) -> Savepoint:
-    """Check the savepoint at ``path`` against ``queries`` and copy it into the new checkpoint
-    location ``checkpoint_root``, which must not exist or be empty; the pipeline then starts from
-    there with the savepoint's state partitions. Called by ``ReferencePipeline.restore`` (which
-    rescales the state afterwards when asked) and through it by ``oncekit savepoint restore``."""
+def restore(path: str | Path, checkpoint_root: str | Path,
+            queries: Mapping[str, Mapping[str, str]] | None = None) -> Savepoint:
+    """Check the savepoint at ``path`` against ``queries`` (when the caller knows the job's) and
+    copy it into the new checkpoint location ``checkpoint_root``, which must not exist or be
+    empty; the job then starts from there with the savepoint's state partitions. Called by
+    ``ReferencePipeline.restore`` (which rescales the state afterwards when asked) and by
+    ``oncekit savepoint restore`` (any job: no queries to check against)."""
     savepoint = load(path)
-    check_compatible(savepoint, queries)
+    if queries is not None:
+        check_compatible(savepoint, queries)
     root = location(checkpoint_root)
     fs, root_path = filesystem(root)
     if list_names(fs, root_path):

@@ -1,104 +1,113 @@
-"""Stop-with-savepoint across processes: ``oncekit savepoint create`` asks the process running a
-pipeline to stop at a batch boundary and take a savepoint, through two files beside the
-pipeline's checkpoints::
+"""Stop-with-savepoint across processes and hosts: ``oncekit savepoint create`` asks the driver
+running a job to stop at a batch boundary and take a savepoint, through the checkpoint storage
+the job's queries already share (a local folder, HDFS, S3)::
 
-    <checkpoint>/_running                  the runner's pid, while it runs
-    <checkpoint>/_savepoint_request.json   {"into": ..., "name": ...}: written by the requester
-                                           (``into`` a path or a URI),
-                                           removed by the runner once the savepoint exists
+    <root>/_savepoint_request.json   {"into": ..., "name": ...}: written by the requester
+                                     (``into`` a path or a URI), removed by the runner once the
+                                     savepoint exists, or by the requester when it gives up
 
-The runner holds a :class:`StopRequests` open while it runs and polls :meth:`StopRequests.pending`
-between batches; the requester calls :func:`request_savepoint`, which waits until the savepoint's
-metadata appears (:func:`oncekit.core.savepoint.create` moves a savepoint into place whole).
-Only a process alive on this machine (``/proc/<pid>``) counts as running.
+``<root>`` is the job's checkpoint root: the folder whose subfolders are its queries'
+checkpoints. A job runs there while one of those queries' leases is held
+(:mod:`oncekit.core.lease`: renewed by the driver wherever it runs, void once it stops renewing),
+so no process table is consulted and the driver may run on any host.
+
+The runner (``oncekit run``, ``oncekit pipeline run``) holds a :class:`StopRequests` on the
+roots of its queries and polls :meth:`StopRequests.pending` between batches; the requester calls
+:func:`request_savepoint`, which waits until the savepoint's metadata appears
+(:func:`oncekit.core.savepoint.create` moves a savepoint into place whole).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from types import TracebackType
-
-from pyarrow.fs import LocalFileSystem
 
 from oncekit.core import savepoint
 from oncekit.core.errors import SavepointError
-from oncekit.core.storage import write_atomically
+from oncekit.core.lease import QueryLease
+from oncekit.core.storage import delete_file, filesystem, read_bytes, write_atomically
 
-__all__ = ["SavepointError", "StopRequest", "StopRequests", "request_savepoint", "running_pid"]
+__all__ = ["REQUEST", "SavepointError", "StopRequest", "StopRequests", "request_savepoint", "running_queries"]
 
-RUNNING = "_running"
 REQUEST = "_savepoint_request.json"
 
 
 @dataclass(frozen=True)
 class StopRequest:
-    """Stop, and save the checkpoints as savepoint ``name`` in the folder ``into``."""
+    """Stop the job whose queries are checkpointed under ``root``, and save their checkpoints as
+    savepoint ``name`` in the folder ``into``."""
 
+    root: str
     into: str
     name: str
 
 
 class StopRequests:
-    """The runner's side: a context manager that marks the pipeline at ``checkpoint_root`` as
-    running in this process, and reads the stop requests addressed to it."""
+    """The runner's side: the stop requests addressed to the checkpoint roots ``roots`` (paths or
+    URIs; usually one)."""
 
-    def __init__(self, checkpoint_root: str | Path) -> None:
-        self.root = Path(checkpoint_root)
-        self.running, self.request = self.root / RUNNING, self.root / REQUEST
-
-    def __enter__(self) -> StopRequests:
-        self.root.mkdir(parents=True, exist_ok=True)
-        self.running.write_text(str(os.getpid()))
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 trace: TracebackType | None) -> None:
-        self.running.unlink(missing_ok=True)
+    def __init__(self, roots: str | Sequence[str]) -> None:
+        self.roots = [savepoint.location(root) for root in ([roots] if isinstance(roots, str) else roots)]
 
     def pending(self) -> bool:
-        """Whether a stop has been requested (cheap: called between batches)."""
-        return self.request.exists()
+        """Whether a stop has been requested (one small read per root: called between batches)."""
+        return self.take() is not None
 
     def take(self) -> StopRequest | None:
         """The pending request, if any; it stays pending until :meth:`answered`."""
-        if not self.request.exists():
-            return None
-        wanted = json.loads(self.request.read_text())
-        return StopRequest(wanted["into"], wanted["name"])
+        for root in self.roots:
+            fs, path = filesystem(f"{root}/{REQUEST}")
+            try:
+                wanted = json.loads(read_bytes(fs, path))
+            except FileNotFoundError:
+                continue
+            return StopRequest(root, wanted["into"], wanted["name"])
+        return None
 
-    def answered(self) -> None:
+    def answered(self, request: StopRequest) -> None:
         """The savepoint is taken: the requester stops waiting once its metadata exists."""
-        self.request.unlink(missing_ok=True)
+        _withdraw(request.root)
 
 
-def running_pid(checkpoint_root: str | Path) -> int | None:
-    """The pid of the live process running the pipeline at ``checkpoint_root``, or None."""
-    running = Path(checkpoint_root) / RUNNING
-    pid = running.read_text().strip() if running.exists() else ""
-    return int(pid) if pid.isdigit() and Path(f"/proc/{pid}").exists() else None
+def _withdraw(root: str) -> None:
+    fs, path = filesystem(f"{root}/{REQUEST}")
+    delete_file(fs, path)
 
 
-def request_savepoint(checkpoint_root: str | Path, into: str | Path, name: str, timeout_s: float,
+def running_queries(root: str) -> list[str]:
+    """The queries under the checkpoint root ``root`` whose lease a driver holds (on any host)."""
+    where = savepoint.location(root)
+    return [name for name in savepoint.queries_under(where) if QueryLease(f"{where}/{name}").holder() is not None]
+
+
+def request_savepoint(root: str, into: str, name: str, timeout_s: float,
                       poll_s: float = 0.5) -> savepoint.Savepoint | None:
-    """Ask the pipeline running at ``checkpoint_root`` to stop with savepoint ``<into>/<name>`` and
-    wait for it; None when no pipeline runs there (the caller then copies the checkpoints
-    itself). Raises SavepointError when the runner has not taken it within ``timeout_s``."""
-    pid = running_pid(checkpoint_root)
-    if pid is None:
+    """Ask the job running from the checkpoint root ``root`` to stop with savepoint
+    ``<into>/<name>`` and wait for it; None when no driver runs there (the caller then copies the
+    checkpoints itself). Raises SavepointError, and withdraws the request, when the runner has
+    not taken it within ``timeout_s``."""
+    where = savepoint.location(root)
+    running = running_queries(where)
+    if not running:
         return None
     folder = savepoint.location(into)
-    request = {"into": folder, "name": name}
+    fs, path = filesystem(f"{where}/{REQUEST}")
     # Whole or not at all: the runner polls for the file and must never read it half-written.
-    write_atomically(LocalFileSystem(), str(Path(checkpoint_root) / REQUEST), json.dumps(request).encode())
+    write_atomically(fs, path, json.dumps({"into": folder, "name": name}).encode())
     deadline = time.monotonic() + timeout_s
     while True:  # the savepoint appears whole (savepoint.create moves it into place) or not at all
         try:
             return savepoint.load(f"{folder}/{name}")
         except SavepointError:
             if time.monotonic() > deadline:
-                raise SavepointError(f"the pipeline (pid {pid}) did not take savepoint {name} within {timeout_s} s") from None
-            time.sleep(poll_s)
+                _withdraw(where)  # else the job's next run would stop at once
+                raise SavepointError(f"the driver running {', '.join(running)} from {where} did not take savepoint "
+                                     f"{name} within {timeout_s:g} s; is it an 'oncekit run' or 'oncekit pipeline run' "
+                                     "driver (only those answer)?") from None
+            try:
+                time.sleep(poll_s)
+            except BaseException:  # interrupted: withdrawn as well
+                _withdraw(where)
+                raise

@@ -1,5 +1,5 @@
-"""What the ``oncekit`` commands do with the reference pipeline: ``pipeline run``, ``savepoint
-create|list|restore|delete`` and ``produce``. The command line parses the flags and makes one call
+"""What the ``oncekit`` commands do with the reference pipeline: ``pipeline run`` and
+``produce``. The command line parses the flags and makes one call
 here; each call prints what it did and returns the exit status.
 
 ``config_path`` and ``overrides`` (dotted keys, ``None`` values skipped) are read by
@@ -14,14 +14,11 @@ import os
 import sys
 from collections.abc import Mapping
 from contextlib import ExitStack
-from datetime import datetime, timezone
 from typing import IO, TYPE_CHECKING, Any
 
 from oncekit.connectors.kafka import KafkaConfig, create_topic
 from oncekit.connectors.services import load_state
-from oncekit.core import savepoint as savepoints
-from oncekit.core.errors import ConfigError
-from oncekit.core.savepoint_stop import StopRequests, request_savepoint
+from oncekit.core.savepoint_stop import StopRequests
 from oncekit.core.spark.session import spark_session
 from oncekit.core.spark.standby import stand_by
 from oncekit.reference import generator
@@ -53,14 +50,15 @@ def run_pipeline(config_path: str | None, overrides: Mapping[str, Any], from_sav
         restored = pipeline.restore(spark, from_savepoint, state_partitions)
         print(f"restored savepoint {restored.name} into {pipeline.checkpoint}")
     pipeline.prepare()
-    with ExitStack() as stack, StopRequests(pipeline.checkpoint) as requests:
+    requests = StopRequests(pipeline.checkpoint)
+    with ExitStack() as stack:
         page = stack.enter_context(status_page(pipeline, ui_port)) if ui_port is not None else None
         restarts = pipeline.run_supervised(session, should_stop=requests.pending,
                                            on_restart=page.restarted if page is not None else None)
         wanted = requests.take()
         if wanted is not None:
             saved = pipeline.savepoint(spark, wanted.into, wanted.name)
-            requests.answered()
+            requests.answered(wanted)
             print(f"stopped with savepoint {saved.name} at {saved.path}")
     print(f"pipeline finished ({restarts} restarts); checkpoints under {pipeline.checkpoint}")
     return 0
@@ -75,45 +73,6 @@ def status_page(pipeline: ReferencePipeline, port: int, out: IO[str] = sys.stdou
     page = for_runner(name, f"{pipeline.checkpoint}/{name}", pipeline.sink(), port, pipeline.bootstrap, pipeline.dsn)
     print(f"status page: {page.url} (metrics at {page.url}metrics)", file=out, flush=True)
     return page
-
-
-def savepoint(action: str, name: str | None, into: str, timeout_s: float, config_path: str | None,
-              overrides: Mapping[str, Any], state_partitions: int | None = None) -> int:
-    """``oncekit savepoint create|list|restore|delete`` for savepoints in the folder ``into`` (a
-    path or a URI such as ``hdfs://...``).
-
-    ``create`` asks a running pipeline to stop with the savepoint and waits up to ``timeout_s``
-    for it; with no pipeline running, it copies the checkpoints itself. ``name`` defaults to a
-    timestamp for ``create`` and is required by ``restore`` and ``delete``. ``restore`` copies
-    into the configured checkpoint location (``--checkpoint``), rescaling the state to
-    ``state_partitions`` if given."""
-    folder = into.rstrip("/")
-    if action == "list":
-        for found in savepoints.list_savepoints(folder):
-            print(found.describe())
-        return 0
-    if action in ("restore", "delete") and not name:
-        raise ConfigError(f"savepoint {action}: give the savepoint's name (oncekit savepoint list shows them)")
-    if action == "delete":
-        savepoints.delete(f"{folder}/{name}")
-        print(f"deleted savepoint {name}")
-        return 0
-    pipeline = ReferencePipeline(load_with_services(config_path, overrides))
-    if action == "restore":
-        restored = pipeline.restore(spark_session("oncekit-savepoint"), f"{folder}/{name}", state_partitions)
-        scale = f" with {state_partitions} state partitions" if state_partitions else ""
-        print(f"restored {restored.name} into {pipeline.checkpoint}{scale}; start it with: oncekit pipeline run "
-              f"--checkpoint {pipeline.checkpoint}")
-        for note in savepoints.replay_notes(restored, {name: pipeline.sink() for name in QUERIES}):
-            print(note)
-        return 0
-    name = name or datetime.now(timezone.utc).strftime("savepoint-%Y%m%dT%H%M%SZ")
-    created = request_savepoint(pipeline.checkpoint, folder, name, timeout_s)
-    if created is None:
-        created = savepoints.create(pipeline.checkpoint, folder, name,
-                                    pipeline.fingerprints(spark_session("oncekit-savepoint")))
-    print(f"savepoint {created.name} at {created.path}: {created.describe()}")
-    return 0
 
 
 def produce(bootstrap: str | None, topic: str, partitions: int, workload: generator.Workload,

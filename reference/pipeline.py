@@ -339,12 +339,7 @@ class ReferencePipeline:
         trigger is running, then stop. A batch that starts in between is re-run on restore."""
         deadline = time.monotonic() + timeout_s
         for query in self.active:
-            while query.isActive and query.status.get("isTriggerActive") and time.monotonic() < deadline:
-                time.sleep(0.1)
-            if query.isActive or query.exception() is None:
-                query.stop()
-            else:
-                query.complete()
+            query.stop_at_batch_boundary(max(0.0, deadline - time.monotonic()))
 
     def savepoint(self, spark: SparkSession, into: str, name: str) -> Savepoint:
         """Stop-with-savepoint: stop the running queries at a batch boundary (if any run) and

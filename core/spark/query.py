@@ -416,6 +416,20 @@ class OncekitQuery:
             CheckpointEngine.of(self.sink, self.checkpoint, epoch).abort_unfinished()
         self._release()
 
+    def stop_at_batch_boundary(self, timeout_s: float = 120.0) -> None:
+        """Stop between two batches: wait (up to ``timeout_s``) until no trigger runs, then
+        :meth:`stop`; a query that ended with an error only has its completed checkpoints
+        committed. A batch that starts in between is replayed by the next start, or by a
+        savepoint's restore. Called for stop-with-savepoint by ``oncekit run`` and the reference
+        pipeline."""
+        deadline = time.monotonic() + timeout_s
+        while self.query.isActive and self.query.status.get("isTriggerActive") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if self.query.isActive or self.query.exception() is None:
+            self.stop()
+        else:
+            self.complete()
+
     def _release(self) -> None:
         """The query stopped for good and its last commits are done: a standby may take over."""
         if self.watchdog is not None and isinstance(self.watchdog.stall, LeaseLostError):

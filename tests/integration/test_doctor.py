@@ -14,7 +14,7 @@ pytestmark = pytest.mark.services
 
 def test_doctor_passes_against_the_kits_services(services: Services) -> None:
     config = load().with_services(services.kafka.bootstrap_servers, services.postgres.dsn)
-    checks = doctor.run(config)
+    checks = doctor.run(doctor.target_from_config(config))
     text = doctor.table(checks)
     assert [c for c in checks if c.status == doctor.FAIL] == [], text
     names = {c.name for c in checks}
@@ -26,6 +26,6 @@ def test_doctor_fails_unreachable_and_unconfigured_services_with_a_fix(services:
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("ONCEKIT_POSTGRES_DSN", raising=False)
     config = load().with_services("127.0.0.1:1", "")
-    by_name = {c.name: c for c in doctor.run(config)}
+    by_name = {c.name: c for c in doctor.run(doctor.target_from_config(config))}
     assert by_name["kafka"].status == doctor.FAIL and by_name["kafka"].fix
     assert by_name["postgres"].status == doctor.FAIL and by_name["postgres"].detail == "not configured"

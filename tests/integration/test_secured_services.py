@@ -112,11 +112,12 @@ def test_secured_source_and_every_sink_exactly_once(spark: Any, secured: Service
 def test_secured_doctor_passes(secured: Services, secrets: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     """``oncekit doctor`` with the broker's client settings file and the TLS DSN."""
     from oncekit import doctor
+    from oncekit.reference.config import load_with_services
 
     overrides = {"services.kafka_bootstrap": secured.kafka.bootstrap_servers,
                  "services.kafka_client_config": str(secured.kafka.client_config),  # type: ignore[attr-defined]
                  "services.postgres_dsn": secured.postgres.dsn}
-    code = doctor.main(None, overrides)
+    code = doctor.main(doctor.target_from_config(load_with_services(None, overrides)))
     out = capsys.readouterr().out
     assert code == 0, out
     assert "OK    kafka " in out and "OK    postgres " in out, out

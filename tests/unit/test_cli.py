@@ -25,7 +25,8 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
 @pytest.mark.parametrize("argv, refused", [
     (["verify", "--lifecycle", "--soak", "30m"], "not allowed with argument --lifecycle"),
     (["verify", "--faults", "3", "--soak", "30m"], "not allowed with argument --faults"),
-    (["savepoint", "create", "--state-partitions", "4"], "unrecognized arguments: --state-partitions"),
+    (["savepoint", "create", "--checkpoint", "cp", "--state-partitions", "4"], "unrecognized arguments: --state-partitions"),
+    (["savepoint", "create"], "the following arguments are required: --checkpoint"),
     (["savepoint", "restore"], "the following arguments are required: name"),
     (["run"], "the following arguments are required: job"),
 ])
@@ -33,6 +34,11 @@ def test_conflicting_or_missing_flags_are_refused(argv: list[str], refused: str,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     code, text = exit_code(argv, capsys)
     assert code == 2 and refused in text
+
+
+def test_doctor_refuses_a_pipeline_config_with_a_jobs_topics(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["doctor", "--config", "pipeline.toml", "--topic", "payments"]) == 1
+    assert "doctor: --config takes the topic and checkpoint from the pipeline's config" in capsys.readouterr().err
 
 
 def test_every_flag_has_help(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:

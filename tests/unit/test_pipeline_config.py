@@ -50,10 +50,10 @@ def test_pipeline_config_repr_hides_the_password() -> None:
 def test_doctor_sizes_prepared_transactions_from_writer_partitions_targets_and_batches(tmp_path: Path) -> None:
     """Not from the topic's partitions: a stateful query writes as many partitions as its state
     has, to every two-phase-commit target, for each batch in flight."""
-    from oncekit.doctor import prepared_wanted
+    from oncekit.doctor import prepared_wanted, target_from_config
 
     checkpoint = tmp_path / "checkpoint"
     (checkpoint / "pipeline" / "offsets").mkdir(parents=True)
     (checkpoint / "pipeline" / "offsets" / "4").write_text('v1\n{"conf": {"spark.sql.shuffle.partitions": "16"}}\n')
     loaded = config.load(None, {"pipeline.checkpoint": str(checkpoint)})
-    assert prepared_wanted(loaded) == (48, "16 writer partitions x 1 two-phase-commit targets x 3 batches in flight")
+    assert prepared_wanted(target_from_config(loaded)) == (48, "16 writer partitions x 1 two-phase-commit targets x 3 batches in flight")

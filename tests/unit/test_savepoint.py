@@ -114,28 +114,69 @@ def test_state_rescale_refused_by_spark_names_query_operator_and_what_to_do(tmp_
         repartition_state(_Refusing(), str(checkpoint), 4, "balances")  # type: ignore[arg-type]
 
 
-def test_stop_with_savepoint_request_into_a_uri_is_answered_by_the_runner(tmp_path: Path) -> None:
+def test_stop_with_savepoint_request_through_the_checkpoint_storage_is_answered_by_the_runner(tmp_path: Path) -> None:
+    """The requester sees the job running from the lease of one of its queries (whatever host
+    its driver is on) and leaves the request in the checkpoint root; the runner, polling its
+    queries' root, takes the savepoint and removes the request."""
+    import json
     import threading
+    import time
 
-    from oncekit.core.savepoint_stop import StopRequests, request_savepoint
+    from oncekit.core.savepoint_stop import StopRequests, request_savepoint, running_queries
 
     checkpoint = fake_checkpoint(tmp_path / "cp")
     into = f"file://{tmp_path / 'sp'}"
-    with StopRequests(checkpoint) as requests:
-        def runner() -> None:  # what 'oncekit pipeline run' does between batches
-            while not requests.pending():
-                threading.Event().wait(0.05)
-            wanted = requests.take()
-            assert wanted is not None
-            create(checkpoint, wanted.into, wanted.name, QUERIES)
-            requests.answered()
+    assert request_savepoint(str(checkpoint), into, "idle", timeout_s=1) is None  # nobody runs there
+    lease = checkpoint / "balances" / "oncekit" / "lease"
+    lease.write_text(json.dumps({"host": "another-host", "pid": 7, "process": "x", "renewed_at": time.time()}))
+    assert running_queries(str(checkpoint)) == ["balances"]
+    requests = StopRequests([f"file://{checkpoint}"])
+    assert not requests.pending()
 
-        thread = threading.Thread(target=runner)
-        thread.start()
-        saved = request_savepoint(checkpoint, into, "asked", timeout_s=30, poll_s=0.05)
-        thread.join()
+    def runner() -> None:  # what 'oncekit run' does between batches, on the driver's host
+        while not requests.pending():
+            threading.Event().wait(0.05)
+        wanted = requests.take()
+        assert wanted is not None
+        lease.unlink()  # the driver stopped its queries
+        create(wanted.root, wanted.into, wanted.name, QUERIES)
+        requests.answered(wanted)
+
+    thread = threading.Thread(target=runner)
+    thread.start()
+    saved = request_savepoint(str(checkpoint), into, "asked", timeout_s=30, poll_s=0.05)
+    thread.join()
     assert saved is not None and saved.path == f"{into}/asked"
-    assert request_savepoint(checkpoint, into, "again", timeout_s=1) is None  # nobody runs there now
+    assert not requests.pending()
+
+
+def test_stop_with_savepoint_request_nobody_answers_is_withdrawn_with_a_named_error(tmp_path: Path) -> None:
+    import json
+    import time
+
+    from oncekit.core.savepoint_stop import REQUEST, request_savepoint
+
+    checkpoint = fake_checkpoint(tmp_path / "cp")
+    (checkpoint / "late_events" / "oncekit" / "lease").write_text(
+        json.dumps({"host": "another-host", "pid": 7, "process": "x", "renewed_at": time.time()}))
+    with pytest.raises(SavepointError, match=r"the driver running late_events from .*cp did not take savepoint "
+                                             r"late within 0.2 s"):
+        request_savepoint(str(checkpoint), str(tmp_path / "sp"), "late", timeout_s=0.2, poll_s=0.05)
+    assert not (checkpoint / REQUEST).exists()
+
+
+def test_any_jobs_queries_are_found_and_identified_from_their_checkpoints(tmp_path: Path) -> None:
+    from oncekit.core.savepoint import identify, queries_under
+
+    root = fake_checkpoint(tmp_path / "cp")
+    (root / "balances" / "oncekit" / "plan").write_text("f" * 64)
+    (root / "not-a-query").mkdir()
+    assert queries_under(str(root)) == ["balances", "late_events"]
+    assert identify(str(root / "balances")) == {"sink_id": "balances", "fingerprint": "plan:" + "f" * 64}
+    assert identify(str(root / "late_events")) == {"sink_id": "late-events", "fingerprint": "plan:"}
+    with pytest.raises(SavepointError, match=r"not-a-query: no oncekit journal: a savepoint takes queries started "
+                                             r"with oncekit.start_query"):
+        identify(str(root / "not-a-query"))
 
 
 def test_savepoint_of_a_query_another_driver_runs_is_refused_and_the_lease_is_not_copied(tmp_path: Path) -> None:
