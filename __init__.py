@@ -2,8 +2,8 @@
 
 The public surface: :func:`kafka_stream` (the source), :func:`postgres_sink`, :func:`kafka_sink`
 and :func:`fan_out` (the sinks), :func:`start_query` and the :class:`OncekitQuery` it returns,
-:func:`spark_session`, :func:`supervise` with its restart strategies, :func:`stand_by`, and the
-errors. Importing ``oncekit`` loads neither Spark nor a client; each name loads its own module on
+:class:`Trigger`, :func:`spark_session`, :func:`supervise` with its restart strategies,
+:func:`stand_by`, and every error (:class:`OncekitError` and its subclasses). Importing ``oncekit`` loads neither Spark nor a client; each name loads its own module on
 first use.
 """
 
@@ -14,23 +14,33 @@ from typing import TYPE_CHECKING
 from oncekit.core._lazy import lazy_attributes
 from oncekit.core.errors import (
     AccessError,
+    BadRecordError,
     CommitError,
     ConfigError,
+    DataLossError,
     FencedError,
     LeaseLostError,
     NonDeterministicReplayError,
     OncekitError,
+    PipelineError,
+    QueryStuckError,
     RecordError,
     ReplayError,
     RestartsExhaustedError,
+    SavepointError,
     ServiceError,
+    SourceReadError,
     StallError,
+    StateRescaleError,
+    TaskInputCutError,
+    UnsettledMarkerError,
+    VerifyError,
 )
 
 if TYPE_CHECKING:
     from oncekit.core.fanout import fan_out
     from oncekit.core.restart import ExponentialBackoff, FailureRate, FixedDelay, NoRestart, supervise
-    from oncekit.core.spark.query import OncekitQuery, start_query
+    from oncekit.core.spark.query import OncekitQuery, Trigger, start_query
     from oncekit.core.spark.session import spark_session
     from oncekit.core.spark.standby import stand_by
     from oncekit.sinks.kafka import kafka_sink
@@ -42,6 +52,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "start_query": "oncekit.core.spark.query",
     "OncekitQuery": "oncekit.core.spark.query",
+    "Trigger": "oncekit.core.spark.query",
     "spark_session": "oncekit.core.spark.session",
     "stand_by": "oncekit.core.spark.standby",
     "supervise": "oncekit.core.restart",
@@ -59,9 +70,11 @@ _LAZY = {
 __getattr__ = lazy_attributes(__name__, _LAZY)
 
 __all__ = sorted([
-    "AccessError", "CommitError", "ConfigError", "FencedError", "LeaseLostError", "NonDeterministicReplayError",
-    "OncekitError", "RecordError", "ReplayError", "RestartsExhaustedError", "ServiceError", "StallError",
-    "__version__", *_LAZY,
+    "AccessError", "BadRecordError", "CommitError", "ConfigError", "DataLossError", "FencedError",
+    "LeaseLostError", "NonDeterministicReplayError", "OncekitError", "PipelineError", "QueryStuckError",
+    "RecordError", "ReplayError", "RestartsExhaustedError", "SavepointError", "ServiceError",
+    "SourceReadError", "StallError", "StateRescaleError", "TaskInputCutError", "UnsettledMarkerError",
+    "VerifyError", "__version__", *_LAZY,
 ])
 
 

@@ -33,7 +33,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import Consumer, TopicPartition
 
@@ -46,8 +46,11 @@ from oncekit.core.spark_log import SparkLog
 from oncekit.verify.driver import Timeline, start_driver, wait_step
 from oncekit.verify.examples import PipelineContext
 
+if TYPE_CHECKING:
+    from oncekit.core.spark.query import Trigger
+
 STEPS = ("process", "session", "takeover", "query", "recovered", "planned", "committed", "caught up")
-TRIGGER = {"processingTime": "1 second"}
+TRIGGER: Trigger = {"processingTime": "1 second"}
 STEADY_BATCHES = 3  # batches committed after catching up before the next kill
 RECOVERY_DEADLINE_S = 180.0
 

@@ -271,7 +271,7 @@ pipeline replays them, per (sink format, protocol); at-least-once sinks write th
 
 
 def replay_notes(savepoint: Savepoint, sinks: Mapping[str, SinkConfig]) -> list[str]:
-    """For ``oncekit savepoint restore``: per query, from which batch on the restored pipeline
+    """For ``oncekit pipeline run --from-savepoint``: per query, from which batch on the restored pipeline
     replays what its sinks (``sinks``: query name -> sink, fan-outs taken apart) may have
     written since the savepoint, and what each sink does with those batches."""
     from oncekit.core.fanout import FanOutConfig

@@ -18,6 +18,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from oncekit.connectors.kafka import KafkaConfig, create_topic
 from oncekit.connectors.services import load_state
+from oncekit.core import savepoint as savepoints
 from oncekit.core.savepoint_stop import StopRequests
 from oncekit.core.spark.session import spark_session
 from oncekit.core.spark.standby import stand_by
@@ -49,6 +50,8 @@ def run_pipeline(config_path: str | None, overrides: Mapping[str, Any], from_sav
     if from_savepoint:
         restored = pipeline.restore(spark, from_savepoint, state_partitions)
         print(f"restored savepoint {restored.name} into {pipeline.checkpoint}")
+        for note in savepoints.replay_notes(restored, {name: pipeline.sink() for name in QUERIES}):
+            print(note)
     pipeline.prepare()
     requests = StopRequests(pipeline.checkpoint)
     with ExitStack() as stack:

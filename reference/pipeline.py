@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
     from oncekit.core.protocol import SinkConfig
-    from oncekit.core.spark.query import OncekitQuery
+    from oncekit.core.spark.query import OncekitQuery, Trigger
 
 __all__ = ["QUERIES", "PipelineError", "QuerySpec", "ReferencePipeline"]
 
@@ -272,7 +272,7 @@ class ReferencePipeline:
         no_data = "spark.sql.streaming.noDataMicroBatches.enabled"
         previous = spark.conf.get(no_data)
         spark.conf.set(no_data, "false")
-        trigger = {"processingTime": f"{run.trigger_s} seconds"} if run.trigger_s > 0 else {"availableNow": True}
+        trigger: Trigger = {"processingTime": f"{run.trigger_s} seconds"} if run.trigger_s > 0 else {"availableNow": True}
         self.active = []
         try:
             for spec in self.queries(spark):

@@ -21,6 +21,7 @@ from oncekit.core.errors import ConfigError
 
 if TYPE_CHECKING:
     from oncekit.core.protocol import SinkConfig
+    from oncekit.core.spark.query import Trigger
     from oncekit.sinks.kafka.config import KafkaProtocol
     from oncekit.sinks.postgres.config import PostgresProtocol
 
@@ -68,7 +69,7 @@ class PipelineContext:
     output: str
     checkpoint: str
     dsn: str = field(default="", repr=False)
-    trigger: dict[str, Any] = field(default_factory=lambda: {"processingTime": "500 milliseconds"})
+    trigger: Trigger = field(default_factory=lambda: cast("Trigger", {"processingTime": "500 milliseconds"}))
     max_offsets_per_trigger: int = PER_BATCH
     kafka_client: dict[str, str] = field(default_factory=dict, repr=False)  # security settings: secret
 

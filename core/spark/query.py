@@ -17,7 +17,7 @@ import re
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from pyspark import SparkContext
 from pyspark.java_gateway import ensure_callback_server_started
@@ -326,7 +326,20 @@ def refuse_speculation(spark: SparkSession, sink: SinkConfig) -> None:
                           "exactly-once sinks cannot share a partition with; set spark.speculation=false")
 
 
-def batch_timeout_s(spark: SparkSession, trigger: dict[str, Any] | None, given: float | None) -> float:
+class Trigger(TypedDict, total=False):
+    """When a query's batches run: one of ``DataStreamWriter.trigger``'s keywords, typed.
+    ``{"availableNow": True}`` drains what is there and stops; ``{"processingTime": "10
+    seconds"}`` starts a batch every interval; none (Spark's default) starts the next batch as
+    soon as the last one ended. ``once`` is Spark's deprecated ``availableNow`` with one batch.
+    Spark's ``continuous`` is not offered: continuous processing has no batches to commit, and
+    Spark's Python data sources do not support it."""
+
+    availableNow: bool  # noqa: N815 - Spark's keyword
+    processingTime: str  # noqa: N815 - Spark's keyword
+    once: bool
+
+
+def batch_timeout_s(spark: SparkSession, trigger: Trigger | None, given: float | None) -> float:
     """The batch deadline of a query: ``given``, else the session's :data:`BATCH_TIMEOUT_CONF`,
     else 5 minutes or 10 triggers, whichever is longer."""
     if given is None:
@@ -486,7 +499,7 @@ def start_query(
     sink: SinkConfig,
     checkpoint: str,
     *,
-    trigger: dict[str, Any] | None = None,
+    trigger: Trigger | None = None,
     query_name: str | None = None,
     output_mode: str = "append",
     notify: bool = True,
@@ -494,7 +507,7 @@ def start_query(
 ) -> OncekitQuery:
     """Start ``frame`` into ``sink`` with checkpoint-complete notifications and a batch deadline.
 
-    ``trigger`` takes DataStreamWriter.trigger's keywords (``{"availableNow": True}``).
+    ``trigger`` takes DataStreamWriter.trigger's keywords (:class:`Trigger`: ``{"availableNow": True}``).
     With ``notify=False`` no listener is attached (as with a plain ``format(...)`` query):
     completion then reaches the sink when the next batch starts. On a Spark Connect session the
     notifications come from a committer process on the server instead of a listener
@@ -516,7 +529,7 @@ def start_query(
     writer = (frame.writeStream.format(sink.format_name).options(**sink.to_options(), **run.to_options())
               .option("checkpointLocation", checkpoint).outputMode(output_mode))
     if trigger:
-        writer = writer.trigger(**trigger)
+        writer = writer.trigger(**cast(dict[str, Any], trigger))
     if query_name:
         writer = writer.queryName(query_name)
     timeout_s = batch_timeout_s(spark, trigger, batch_timeout)
