@@ -7,6 +7,7 @@ Makefile sets containers). A service that cannot start fails the run: nothing he
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -131,14 +132,22 @@ class CampaignTables(list[str]):
 
 _CAMPAIGN_TABLES = CampaignTables()
 _TABLES_ENV = "ONCEKIT_CAMPAIGN_TABLES_DIR"
+SEED_ENV = "ONCEKIT_VERIFY_SEED"
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    # The controller (or a run without workers) makes the folder; xdist's workers, started after
-    # this, inherit its name. One folder per run: other runs in the same tree keep theirs.
+    # The controller (or a run without workers) makes the folder and draws the run's seed; xdist's
+    # workers, started after this, inherit both. One folder per run: other runs in the same tree
+    # keep theirs. The seed changes with every run, so that runs cover more faults over time than
+    # any one run; each run prints it, and setting it runs the same faults again.
     if not hasattr(config, "workerinput"):
         os.environ[_TABLES_ENV] = tempfile.mkdtemp(prefix="oncekit-campaign-tables-")
+        os.environ.setdefault(SEED_ENV, str(random.SystemRandom().randrange(1, 1_000_000)))
     CampaignTables.directory = Path(os.environ[_TABLES_ENV])
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"oncekit: faults drawn from {SEED_ENV}={os.environ[SEED_ENV]} (set it to run the same faults again)"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -169,3 +178,4 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         terminalreporter.section("oncekit verify campaigns")
         for path in files:
             terminalreporter.write_line(path.read_text() + "\n")
+    terminalreporter.write_line(f"oncekit: this run's faults were drawn from {SEED_ENV}={os.environ.get(SEED_ENV)}")
