@@ -5,7 +5,7 @@
 the scraped ones are the same. Every metric is a gauge (a value read from the checkpoint or a
 service at the snapshot's time) except ``oncekit_restarts_total``, ``oncekit_aborted_batches_total`` and
 ``oncekit_stalled_batches_total``; :data:`METRICS` lists them
-with their help text, which the README repeats. Labels: ``query`` (the checkpoint's name),
+with their help text, which docs/operations.md repeats. Labels: ``query`` (the checkpoint's name),
 ``sink`` (a journal's sink id, or a fan-out target's), ``topic`` and ``partition``.
 
 Exactly-once is at risk when ``oncekit_exactly_once_at_risk`` is 1: a prepared or open

@@ -44,6 +44,7 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 SCREENSHOT = Path(__file__).resolve().parents[2] / ".oncekit" / "status-page.png"
+MONITORING = Path(__file__).resolve().parents[2] / "status" / "monitoring"  # alerts.yml, dashboard.json
 FAN_OUT_SCREENSHOT = SCREENSHOT.with_name("status-page-fan-out.png")
 CLOCK_TICKS = re.compile(r'^\["\d{2}:\d{2}:\d{2}"(,"\d{2}:\d{2}:\d{2}")*\]$')  # data-x-ticks: JSON of clock times
 TIMEOUT_S = 3.0  # the page's transaction timeout: the leftovers turn red after it
@@ -156,6 +157,10 @@ def test_status_page_in_chromium_shows_progress_and_red_leftovers(
             assert _metric(text, "oncekit_prepared_transactions", sink=f"pg-{unique_name}-left") == 1
             assert (_metric(text, "oncekit_open_kafka_transactions") or 0) >= 1
             assert _metric(text, "oncekit_exactly_once_at_risk") == 1
+            # The alert rules and the dashboard the kit ships name only metrics a running query has.
+            named = set(re.findall(r"\boncekit_[a-z_]+", "".join(p.read_text() for p in MONITORING.iterdir())))
+            exposed = {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line.startswith("oncekit_")}
+            assert len(named) >= 15 and named <= exposed, f"not on /metrics: {sorted(named - exposed)}"
 
             page.wait_for_timeout(1500)  # one more refresh, so the charts hold the newest batches
             SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)

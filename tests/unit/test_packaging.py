@@ -30,7 +30,10 @@ def test_wheel_holds_only_oncekit_packages(wheel: Path) -> None:
     assert {"oncekit/status/static/index.html", "oncekit/status/static/status.js", "oncekit/status/static/status.css",
             "oncekit/status/static/uplot/uPlot.iife.min.js", "oncekit/status/static/uplot/uPlot.min.css",
             "oncekit/status/static/uplot/LICENSE"} <= set(names)
-    assert not [n for n in names if "tests" in n or "docker" in n.split("/")[1:2] or n.endswith((".yml", ".sh", ".xml"))]
+    # the alert rules and the dashboard the docs point at
+    assert {"oncekit/status/monitoring/alerts.yml", "oncekit/status/monitoring/dashboard.json"} <= set(names)
+    assert not [n for n in names if "tests" in n or "docker" in n.split("/")[1:2] or n.endswith((".sh", ".xml"))
+                or (n.endswith(".yml") and not n.startswith("oncekit/status/monitoring/"))]
 
 
 def test_wheel_metadata_keeps_spark_and_tools_in_extras(wheel: Path) -> None:
@@ -42,11 +45,11 @@ def test_wheel_metadata_keeps_spark_and_tools_in_extras(wheel: Path) -> None:
     # the status page, the services backends, Spark Connect and the tests.
     core = {canonicalize_name(r.name) for r in requirements if r.marker is None or "extra" not in str(r.marker)}
     assert not core & {"pyspark", "testcontainers", "docker", "starlette", "uvicorn", "prometheus-client", "grpcio",
-                       "pandas", "pytest", "playwright"}
-    assert {"spark", "connect", "status", "services", "dev"} <= set(metadata.get_all("Provides-Extra", []))
+                       "pandas", "pytest", "playwright", "sphinx"}
+    assert {"spark", "connect", "status", "services", "docs", "dev"} <= set(metadata.get_all("Provides-Extra", []))
     # make install's dev extra installs every other extra but bench (which has a venv of its own)
     (everything,) = [r for r in requirements if canonicalize_name(r.name) == "oncekit"]
-    assert everything.extras == {"spark", "connect", "status", "services"}
+    assert everything.extras == {"spark", "connect", "status", "services", "docs"}
     assert str(everything.marker) == 'extra == "dev"'
     assert metadata["Version"] == oncekit.__version__
     assert wheel.name.startswith(f"oncekit-{oncekit.__version__}-")
