@@ -2,13 +2,14 @@
 #   make demo   the main job: services, Spark, Kafka in, PostgreSQL out
 #   make test   type check and the whole test suite on real Kafka and PostgreSQL (testcontainers)
 #   make bench  the benchmarks: the kit beside its peers in one run (BENCH_ARGS="--records 200000")
+#   make docs   the documentation site, strictly (a warning or an unresolved reference fails it), into .oncekit/docs
 
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo test bench install broker engine browser typecheck pytest clean
+.PHONY: demo test bench docs install broker engine browser typecheck pytest clean
 
 demo: install broker
 	$(VENV)/bin/oncekit demo
@@ -28,6 +29,11 @@ $(STAMP): pyproject.toml
 broker:
 	docker/fetch-kafka.sh
 	docker/kafka-tools/fetch.sh
+
+# The test suite builds the site as well (tests/docs/test_site.py) and opens it in chromium.
+docs: install
+	$(PY) -m sphinx -b html -W --keep-going -n -q docs .oncekit/docs
+	@echo "the site: .oncekit/docs/index.html"
 
 # Debian's chromium, which the status page's browser test drives through Playwright.
 browser:

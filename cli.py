@@ -115,11 +115,11 @@ STATE_PARTITIONS_HELP = ("rescale the restored state to N partitions through Spa
 
 def _add_pipeline_commands(commands: Any) -> None:
     """``pipeline run``, ``savepoint create|list|restore|delete``, ``doctor`` and ``status``."""
-    def config_flags(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--config", help="pipeline config file (TOML); flags override it")
-        parser.add_argument("--bootstrap", help="Kafka bootstrap servers")
-        parser.add_argument("--dsn", help="PostgreSQL connection string (prefer ONCEKIT_POSTGRES_DSN: flags show in ps)")
-        parser.add_argument("--checkpoint", help="checkpoint location of the pipeline")
+    def config_flags(command: argparse.ArgumentParser) -> None:
+        command.add_argument("--config", help="pipeline config file (TOML); flags override it")
+        command.add_argument("--bootstrap", help="Kafka bootstrap servers")
+        command.add_argument("--dsn", help="PostgreSQL connection string (prefer ONCEKIT_POSTGRES_DSN: flags show in ps)")
+        command.add_argument("--checkpoint", help="checkpoint location of the pipeline")
 
     run = commands.add_parser("pipeline", help="run the reference pipeline under its restart strategy")
     run.add_argument("action", choices=["run"])
@@ -183,12 +183,14 @@ def _add_pipeline_commands(commands: Any) -> None:
     status.set_defaults(run=_status)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="oncekit", description="Exactly-once Spark pipelines from Kafka into Kafka and PostgreSQL")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO")
-    parser.add_argument("--version", action="version", version=f"oncekit {oncekit.__version__}",
+def parser() -> argparse.ArgumentParser:
+    """The whole command line: every command, subcommand and flag (the docs' CLI reference is
+    made from it)."""
+    root = argparse.ArgumentParser(prog="oncekit", description="Exactly-once Spark pipelines from Kafka into Kafka and PostgreSQL")
+    root.add_argument("-v", "--verbose", action="store_true", help="log at INFO")
+    root.add_argument("--version", action="version", version=f"oncekit {oncekit.__version__}",
                         help="print the version and exit")
-    commands = parser.add_subparsers(dest="command", required=True)
+    commands = root.add_subparsers(dest="command", required=True)
 
     run = commands.add_parser("run", help="run your job (a function that starts its queries with start_query) under "
                                           "a restart strategy")
@@ -273,8 +275,11 @@ def main(argv: list[str] | None = None) -> int:
     check.set_defaults(run=_verify)
 
     _add_pipeline_commands(commands)
+    return root
 
-    args = parser.parse_args(argv)
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return int(args.run(args))

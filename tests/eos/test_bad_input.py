@@ -4,7 +4,7 @@ letter, with nothing half-visible, and exactly-once after the fix and a restart.
 Most cases drive the checkpoint engine directly on the real services (no Spark: a checkpoint
 folder laid out as Spark lays it out, as in tests/integration/test_postgres_recovery.py); the
 ones that are about Spark's own files or the source's offsets run a query on the shared session.
-The README's table of bad input names these tests; cases covered elsewhere are named there too.
+The docs' table of bad input (docs/verifying.md) names these tests; cases covered elsewhere are named there too.
 """
 
 from __future__ import annotations

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from oncekit.core.spark.query import start_query
-from oncekit.sinks.postgres import postgres_sink
-from oncekit.sources.kafka import kafka_stream
+from oncekit import kafka_stream, postgres_sink, start_query
 from oncekit.verify import PipelineContext
 
 kind = "postgres"  # where the harness reads the output: column id of table ctx.output
