@@ -2,9 +2,12 @@
 running a job to stop at a batch boundary and take a savepoint, through the checkpoint storage
 the job's queries already share (a local folder, HDFS, S3)::
 
-    <root>/_savepoint_request.json   {"into": ..., "name": ...}: written by the requester
-                                     (``into`` a path or a URI), removed by the runner once the
-                                     savepoint exists, or by the requester when it gives up
+    <root>/_savepoint_request.json   {"into": ..., "name": ..., "until": ...}: written by the
+                                     requester (``into`` a path or a URI; ``until`` when it stops
+                                     waiting, seconds since the epoch), removed by the runner once
+                                     the savepoint exists, or by the requester when it gives up; a
+                                     runner ignores and removes one whose requester gave up (killed
+                                     before it could remove it)
 
 ``<root>`` is the job's checkpoint root: the folder whose subfolders are its queries'
 checkpoints. A job runs there while one of those queries' leases is held
@@ -63,6 +66,9 @@ class StopRequests:
                 wanted = json.loads(read_bytes(fs, path))
             except FileNotFoundError:
                 continue
+            if wanted.get("until", float("inf")) < time.time():
+                _withdraw(root)  # its requester is gone: the job must not stop for nobody
+                continue
             return StopRequest(root, wanted["into"], wanted["name"])
         return None
 
@@ -95,7 +101,7 @@ def request_savepoint(root: str, into: str, name: str, timeout_s: float,
     folder = savepoint.location(into)
     fs, path = filesystem(f"{where}/{REQUEST}")
     # Whole or not at all: the runner polls for the file and must never read it half-written.
-    write_atomically(fs, path, json.dumps({"into": folder, "name": name}).encode())
+    write_atomically(fs, path, json.dumps({"into": folder, "name": name, "until": time.time() + timeout_s}).encode())
     deadline = time.monotonic() + timeout_s
     while True:  # the savepoint appears whole (savepoint.create moves it into place) or not at all
         try:

@@ -154,7 +154,7 @@ def test_stop_with_savepoint_request_nobody_answers_is_withdrawn_with_a_named_er
     import json
     import time
 
-    from oncekit.core.savepoint_stop import REQUEST, request_savepoint
+    from oncekit.core.savepoint_stop import REQUEST, StopRequests, request_savepoint
 
     checkpoint = fake_checkpoint(tmp_path / "cp")
     (checkpoint / "late_events" / "oncekit" / "lease").write_text(
@@ -163,6 +163,9 @@ def test_stop_with_savepoint_request_nobody_answers_is_withdrawn_with_a_named_er
                                              r"late within 0.2 s"):
         request_savepoint(str(checkpoint), str(tmp_path / "sp"), "late", timeout_s=0.2, poll_s=0.05)
     assert not (checkpoint / REQUEST).exists()
+    # A requester killed before it could withdraw: the runner ignores its request once it expired.
+    (checkpoint / REQUEST).write_text(json.dumps({"into": str(tmp_path / "sp"), "name": "x", "until": time.time() - 1}))
+    assert StopRequests(str(checkpoint)).take() is None and not (checkpoint / REQUEST).exists()
 
 
 def test_any_jobs_queries_are_found_and_identified_from_their_checkpoints(tmp_path: Path) -> None:
