@@ -181,8 +181,10 @@ def test_output_topic_deleted_mid_run_fails_naming_topic_then_restart_exactly_on
     admin = AdminClient(kafka.settings())
     for future in admin.delete_topics([out], operation_timeout=30).values():
         future.result(timeout=30)
-    with pytest.raises(OncekitError, match=rf"sink {config.sink_id} batch 1 partition 0: .*topic {out}"):
+    with pytest.raises(OncekitError, match=rf"sink {config.sink_id} batch 1 partition 0: .*topic {out}") as failed:
         run_batch(engine, 1, [topic_rows([2]), topic_rows([3])], tmp_path)
+    # The topic is gone, not a row bad: the error must not blame the user's row (issue 36, finding 5).
+    assert not isinstance(failed.value, RecordError) and " row " not in str(failed.value), repr(failed.value)
     run_batch(engine_of(config, tmp_path), 1, [topic_rows([2]), topic_rows([3])], tmp_path)  # preflight recreates it
     verdict = compare([2, 3], [int(v) for v in read_committed(kafka, out, 2)])  # batch 0 went with the topic
     assert verdict.exactly_once, verdict.summary()
