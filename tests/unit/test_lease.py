@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import os
 import socket
 import time
@@ -192,3 +193,51 @@ def test_a_query_that_spark_failed_after_another_driver_took_its_lease_raises_le
         failed = OncekitQuery(query, sink=None, checkpoint=str(tmp_path), watchdog=watchdog)  # type: ignore[arg-type]
         failed.await_termination()
     assert "CONCURRENT_STREAM_LOG_UPDATE" in str(raised.value.__cause__)
+
+
+def test_a_deposed_driver_whose_query_will_not_stop_exits_with_a_named_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 36, finding 3: a driver that lost its lease stops its query (bounded); when that
+    stop hangs, await_termination must end with QueryStuckError naming the lease, not wait for
+    ever on a query that stays active."""
+    import threading
+
+    from oncekit.core.errors import QueryStuckError
+    from oncekit.core.spark import query as queries
+
+    monkeypatch.setattr(queries, "STOP_S", 0.3)
+    never = threading.Event()
+
+    class WillNotStop:
+        isActive = True
+
+        def awaitTermination(self, timeout: float) -> bool:
+            never.wait(timeout)
+            return False
+
+        def stop(self) -> None:
+            never.wait()
+
+        def exception(self) -> None:
+            return None
+
+    query: Any = WillNotStop()
+    watchdog = queries.BatchWatchdog(query, str(tmp_path), "q", timeout_s=60.0, run="this-driver's-run")
+    watchdog._lost("driver pid 7 on another-host")
+    outcome: list[BaseException | None] = []
+
+    def wait() -> None:
+        try:
+            queries.OncekitQuery(query, sink=None, checkpoint=str(tmp_path), watchdog=watchdog).await_termination()  # type: ignore[arg-type]
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 - the test looks at it
+            outcome.append(exc)
+
+    waiter = threading.Thread(target=wait, daemon=True)
+    waiter.start()
+    waiter.join(10)
+    never.set()
+    assert outcome, "await_termination still waits on a deposed driver's query that will not stop"
+    assert isinstance(outcome[0], QueryStuckError), outcome
+    assert re.search(r"query q: its lease is held by another driver .* did not stop within 0 s: restart the driver "
+                     r"process", str(outcome[0])), outcome[0]
