@@ -158,6 +158,7 @@ class BatchWatchdog:
     def __init__(self, query: StreamingQuery, checkpoint: str, name: str, timeout_s: float, run: str = "") -> None:
         self.query, self.checkpoint, self.name, self.timeout_s, self.run = query, checkpoint, name, timeout_s, run
         self.stall: OncekitError | None = None  # a StallError, or LeaseLostError when another driver took over
+        self.stuck: QueryStuckError | None = None  # the query would not stop when this watchdog stopped it
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._watch, name=f"oncekit-batch-watchdog {name}", daemon=True)
 
@@ -248,10 +249,7 @@ class BatchWatchdog:
     def _lost(self, holder: str) -> None:
         self.stall = self._lease_lost(holder)
         logger.error("%s", self.stall)
-        try:
-            bounded(f"query {self.name}: stop after losing its lease", STOP_S, self.query.stop)
-        except Exception as exc:  # noqa: BLE001 - the writer refuses to journal meanwhile (require_held)
-            logger.warning("query %s: stop after losing its lease: %s", self.name, exc)
+        self._stop(str(self.stall), "stop after losing its lease")
 
     def _taken_by(self, lease: QueryLease) -> str | None:
         """Who holds the lease, if another driver's run does; None while this run holds it."""
@@ -292,14 +290,21 @@ class BatchWatchdog:
         except OSError as exc:
             logger.warning("query %s: could not record the stall: %s", self.name, exc)
         self.stall = StallError(message)
+        self._stop(message, "stop after the stall")
+
+    def _stop(self, why: str, step: str) -> None:
+        """Stop the query for ``why`` within :data:`STOP_S`; a stop that hangs makes :attr:`stuck`,
+        which :meth:`OncekitQuery.await_termination` raises: no restart inside this process can
+        start the query again while Spark holds the old one (a deposed driver's writer journals
+        nothing meanwhile, :func:`~oncekit.core.lease.require_held`)."""
         try:
-            bounded(f"query {self.name}: stop after the stall", STOP_S, self.query.stop)
+            bounded(f"query {self.name}: {step}", STOP_S, self.query.stop)
         except StallError:
-            self.stall = QueryStuckError(f"{message}; the query did not stop within {STOP_S:.0f} s: restart the "
-                                         "driver process")
-            logger.error("%s", self.stall)
+            self.stuck = QueryStuckError(f"{why}; the query did not stop within {STOP_S:.0f} s: restart the driver "
+                                         "process")
+            logger.error("%s", self.stuck)
         except Exception as exc:  # noqa: BLE001 - the query ended anyway
-            logger.info("query %s: stop after the stall: %s", self.name, exc)
+            logger.info("query %s: %s: %s", self.name, step, exc)
 
 
 def _stream_thread_alive(query: StreamingQuery) -> bool:
@@ -394,8 +399,8 @@ class OncekitQuery:
     def exception(self) -> Any:
         """The query's error: a stall the watchdog ended it for, else Spark's own (None while
         it runs or when it ended well)."""
-        if self.watchdog is not None and self.watchdog.stall is not None:
-            return self.watchdog.stall
+        if self.watchdog is not None and (self.watchdog.stuck or self.watchdog.stall) is not None:
+            return self.watchdog.stuck or self.watchdog.stall
         return self.query.exception()
 
     def complete(self) -> list[int]:
@@ -470,8 +475,8 @@ class OncekitQuery:
                 keeper(self.checkpoint).idle()  # failed: the lease is kept for a restart, at most IDLE_S
                 raise
             stall = self.watchdog.stall if self.watchdog is not None else None
-            if isinstance(stall, QueryStuckError):
-                raise stall
+            if self.watchdog is not None and self.watchdog.stuck is not None:
+                raise self.watchdog.stuck from stall
             if finished is None or finished:
                 if self.watchdog is not None:
                     self.watchdog.close()
