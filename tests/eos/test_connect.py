@@ -138,6 +138,14 @@ def test_client_killed_server_commits_within_one_trigger_a_new_client_attaches_a
         wait_until_all(ctx, expected, client)
     finally:
         client.kill()
+    # The last batch can be in flight when the client goes: the input's aborted records and its
+    # transaction markers move the offsets on after the last visible row (seen once in a clean-clone
+    # run: batch 42, planned after the last row was visible, still prepared when the test looked at
+    # once; its journal showed it committed afterwards). The server's committer, without a client,
+    # commits it within a trigger and a sweep.
+    deadline = time.monotonic() + 30
+    while prepared_transactions(services.postgres.dsn, unique_name) and time.monotonic() < deadline:
+        time.sleep(0.5)
     assert prepared_transactions(services.postgres.dsn, unique_name) == []
     verdict = compare(expected, table_rows(ctx))
     assert verdict.exactly_once, verdict.summary()
