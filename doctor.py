@@ -230,20 +230,15 @@ def target_from_config(config: PipelineConfig) -> DoctorTarget:
 
 def target_from_flags(bootstrap: str | None, dsn: str | None, topics: Sequence[str] = (),
                       checkpoints: Sequence[str] = (), two_phase_targets: int = 1) -> DoctorTarget:
-    """Any job's: the addresses given, else ONCEKIT_KAFKA_BOOTSTRAP and ONCEKIT_POSTGRES_DSN, else
-    the services 'oncekit services up' started; the librdkafka settings of the file
-    ONCEKIT_KAFKA_CLIENT_CONFIG names; the state partitions of its queries' ``checkpoints``."""
+    """Any job's: its addresses (:func:`~oncekit.connectors.services.service_addresses`), the
+    librdkafka settings of the file ONCEKIT_KAFKA_CLIENT_CONFIG names, and the state partitions of
+    its queries' ``checkpoints``."""
     import os
 
     from oncekit.connectors.kafka import client_properties
-    from oncekit.connectors.services import load_state
+    from oncekit.connectors.services import service_addresses
 
-    bootstrap = bootstrap or os.environ.get("ONCEKIT_KAFKA_BOOTSTRAP", "")
-    dsn = dsn or os.environ.get("ONCEKIT_POSTGRES_DSN", "")
-    if not (bootstrap and dsn):
-        running = load_state()
-        if running is not None:
-            bootstrap, dsn = bootstrap or running.kafka.bootstrap_servers, dsn or running.postgres.dsn
+    bootstrap, dsn = service_addresses(bootstrap, dsn)
     client_file = os.environ.get("ONCEKIT_KAFKA_CLIENT_CONFIG", "")
     return DoctorTarget(bootstrap, dsn, client_properties(client_file) if client_file else {}, tuple(topics),
                         _state_partitions(checkpoints), two_phase_targets)

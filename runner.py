@@ -123,7 +123,7 @@ class Attempt:
         for query in failed or queries:
             query.await_termination()  # raises a failed query's error; commits and releases an ended one's
         if wanted is not None:
-            mine = {query.checkpoint.rpartition("/")[2]: identify(query.checkpoint) for query in queries
+            mine = {_name(query.checkpoint): identify(query.checkpoint) for query in queries
                     if _parent(query.checkpoint) == wanted.root}
             self.saved = savepoints.create(wanted.root, wanted.into, wanted.name, mine)
             requests.answered(wanted)
@@ -134,12 +134,18 @@ def _parent(checkpoint: str) -> str:
     return savepoints.location(checkpoint).rpartition("/")[0]
 
 
+def _name(checkpoint: str) -> str:
+    """A query's name in a savepoint and on the status page: its checkpoint's folder name."""
+    return savepoints.location(checkpoint).rpartition("/")[2]
+
+
 def status_page(port: int) -> Callable[[list[OncekitQuery]], None]:
     """``--ui``: serve the status page of the job's queries on ``port`` once they first started
     (kept across restarts; the [status] extra)."""
     try:
         from oncekit.status.collector import Watched
-        from oncekit.status.command import _addresses, protocols_of, start_page
+        from oncekit.connectors.services import service_addresses
+        from oncekit.status.command import protocols_of, start_page
     except ImportError as exc:
         raise ConfigError(f"oncekit run --ui: the status page needs the [status] extra (pip install 'oncekit[status]'): "
                           f"{exc}") from exc
@@ -148,8 +154,8 @@ def status_page(port: int) -> Callable[[list[OncekitQuery]], None]:
     def serve(queries: list[OncekitQuery]) -> None:
         if started:
             return
-        watched = [Watched(q.checkpoint.rpartition("/")[2], q.checkpoint, protocols_of(q.sink)) for q in queries]
-        page = start_page(watched, port, *_addresses(None, None))
+        watched = [Watched(_name(q.checkpoint), q.checkpoint, protocols_of(q.sink)) for q in queries]
+        page = start_page(watched, port, *service_addresses(None, None))
         started.append(page)
         print(f"status page: {page.url} (metrics at {page.url}metrics)", flush=True)
 

@@ -47,8 +47,8 @@ def restore(path: str, root: str, state_partitions: int | None = None) -> savepo
     from oncekit.core.spark.state import repartition_state
 
     where = savepoints.location(root)
-    pending = [q.name for q in saved.queries
-               if SparkLog(f"{where}/{q.name}").latest_planned() != SparkLog(f"{where}/{q.name}").latest_completed()]
+    logs = {q.name: SparkLog(f"{where}/{q.name}") for q in saved.queries}
+    pending = [name for name, log in logs.items() if log.latest_planned() != log.latest_completed()]
     if pending:
         raise SavepointError(f"savepoint {saved.name}: queries {', '.join(pending)} have a batch planned and not "
                              f"committed; restored without rescaling into {where}. Run the job once from there (an "

@@ -7,11 +7,11 @@ empty. The DSN is never printed.
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from oncekit.connectors.services import service_addresses
 from oncekit.core.errors import ConfigError
 from oncekit.core.protocol import SinkConfig
 from oncekit.status.app import StatusServer, StatusService
@@ -41,19 +41,6 @@ def watched_from_flags(checkpoints: Sequence[str]) -> list[Watched]:
     return out
 
 
-def _addresses(bootstrap: str | None, dsn: str | None) -> tuple[str | None, str | None]:
-    bootstrap = bootstrap or os.environ.get("ONCEKIT_KAFKA_BOOTSTRAP")
-    dsn = dsn or os.environ.get("ONCEKIT_POSTGRES_DSN")
-    if not bootstrap or not dsn:
-        from oncekit.connectors.services import load_state
-
-        running = load_state()
-        if running is not None:
-            bootstrap = bootstrap or running.kafka.bootstrap_servers
-            dsn = dsn or running.postgres.dsn
-    return bootstrap, dsn
-
-
 def start_page(watched: Sequence[Watched], port: int, bootstrap: str | None, dsn: str | None,
                thresholds: Thresholds | None = None, host: str = "127.0.0.1", refresh_s: float = 2.0) -> StatusServer:
     """Serve the page on a thread (the runners' ``--ui``); the caller stops the returned server."""
@@ -67,7 +54,7 @@ def main(checkpoints: Sequence[str], port: int, host: str, bootstrap: str | None
     the metrics one snapshot gives and return."""
     if not checkpoints:
         raise ConfigError("status: give at least one --checkpoint (a query's checkpoint location)")
-    bootstrap, dsn = _addresses(bootstrap, dsn)
+    bootstrap, dsn = service_addresses(bootstrap, dsn)
     collector = StatusCollector(watched_from_flags(checkpoints), thresholds, **collector_sources(bootstrap, dsn))
     service = StatusService(collector)
     if once:

@@ -162,6 +162,20 @@ def load_state() -> Services | None:
     return Services(backend, ExternalKafka(), ExternalPostgres())
 
 
+def service_addresses(bootstrap: str | None, dsn: str | None) -> tuple[str, str]:
+    """The Kafka bootstrap servers and PostgreSQL DSN a command works with: those given, else
+    ``ONCEKIT_KAFKA_BOOTSTRAP`` and ``ONCEKIT_POSTGRES_DSN``, else the services ``oncekit
+    services up`` started; "" for one found nowhere. Called by ``oncekit doctor``, ``oncekit
+    status`` and ``oncekit run --ui``."""
+    bootstrap = bootstrap or os.environ.get("ONCEKIT_KAFKA_BOOTSTRAP", "")
+    dsn = dsn or os.environ.get("ONCEKIT_POSTGRES_DSN", "")
+    if not (bootstrap and dsn):
+        running = load_state()
+        if running is not None:
+            bootstrap, dsn = bootstrap or running.kafka.bootstrap_servers, dsn or running.postgres.dsn
+    return bootstrap, dsn
+
+
 def forget_state() -> None:
     state_file().unlink(missing_ok=True)
 
