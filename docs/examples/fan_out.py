@@ -17,11 +17,11 @@ def start(spark):
     payments = events.selectExpr(
         "get_json_object(json, '$.event_id') AS event_id",
         "get_json_object(json, '$.account_id') AS account_id",
-        "CAST(get_json_object(json, '$.amount_cents') AS BIGINT) AS amount_cents",
-    ).where("event_id IS NOT NULL")
+        "try_cast(get_json_object(json, '$.amount_cents') AS BIGINT) AS amount_cents",
+    ).where("event_id IS NOT NULL AND account_id IS NOT NULL AND amount_cents IS NOT NULL")  # not malformed
     rows = payments.selectExpr(
         "explode(array('table', 'topic')) AS target",  # every payment goes to both targets
-        "event_id", "CAST(account_id AS INT) AS account_id", "amount_cents",
+        "event_id", "try_cast(account_id AS INT) AS account_id", "amount_cents",
         "account_id AS key", "to_json(named_struct('event_id', event_id, 'amount_cents', amount_cents)) AS value",
     )
     sink = fan_out({

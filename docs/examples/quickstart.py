@@ -14,8 +14,8 @@ def start(spark):
     events = kafka_stream(spark, BOOTSTRAP, TOPIC).selectExpr("CAST(value AS STRING) AS json")
     payments = events.selectExpr(
         "get_json_object(json, '$.event_id') AS event_id",
-        "CAST(get_json_object(json, '$.account_id') AS INT) AS account_id",
-        "CAST(get_json_object(json, '$.amount_cents') AS BIGINT) AS amount_cents",
-    ).where("event_id IS NOT NULL")  # a malformed record has no event_id
+        "try_cast(get_json_object(json, '$.account_id') AS INT) AS account_id",
+        "try_cast(get_json_object(json, '$.amount_cents') AS BIGINT) AS amount_cents",
+    ).where("event_id IS NOT NULL AND account_id IS NOT NULL AND amount_cents IS NOT NULL")  # not malformed
     sink = postgres_sink(DSN, TABLE, "two-phase-commit")
     return start_query(payments, sink, f"{CHECKPOINTS}/payments", trigger={"processingTime": "5 seconds"})

@@ -16,9 +16,9 @@ def start(spark):
     events = kafka_stream(spark, BOOTSTRAP, TOPIC).selectExpr("CAST(value AS STRING) AS json")
     payments = events.selectExpr(
         "get_json_object(json, '$.event_id') AS event_id",
-        "CAST(get_json_object(json, '$.account_id') AS INT) AS account_id",
-        "CAST(get_json_object(json, '$.amount_cents') AS BIGINT) AS amount_cents",
-    ).where("event_id IS NOT NULL")  # analyzed now, while the active driver runs
+        "try_cast(get_json_object(json, '$.account_id') AS INT) AS account_id",
+        "try_cast(get_json_object(json, '$.amount_cents') AS BIGINT) AS amount_cents",
+    ).where("event_id IS NOT NULL AND account_id IS NOT NULL AND amount_cents IS NOT NULL")  # not malformed; analyzed now, while the active driver runs
     checkpoint = f"{CHECKPOINTS}/payments"
     stand_by(spark, [checkpoint])  # warm up, then wait for the lease
     return start_query(payments, postgres_sink(DSN, TABLE, "two-phase-commit"), checkpoint,

@@ -16,9 +16,9 @@ def start(spark=None):
     events = kafka_stream(spark, BOOTSTRAP, TOPIC, max_offsets_per_trigger=100_000)  # from the earliest offsets
     payments = events.selectExpr("CAST(value AS STRING) AS json").selectExpr(
         "get_json_object(json, '$.event_id') AS event_id",
-        "CAST(get_json_object(json, '$.account_id') AS INT) AS account_id",
-        "CAST(get_json_object(json, '$.amount_cents') AS BIGINT) AS amount_cents",
-    ).where("event_id IS NOT NULL")
+        "try_cast(get_json_object(json, '$.account_id') AS INT) AS account_id",
+        "try_cast(get_json_object(json, '$.amount_cents') AS BIGINT) AS amount_cents",
+    ).where("event_id IS NOT NULL AND account_id IS NOT NULL AND amount_cents IS NOT NULL")  # not malformed
     sink = postgres_sink(DSN, TABLE, "idempotent", key_columns=("event_id",))
     # One key's rows in one partition: two tasks of a batch never write the same key.
     return start_query(payments.repartition("event_id"), sink, f"{CHECKPOINTS}/payments",

@@ -2,12 +2,15 @@
 headless chromium finds every page of its navigation and every image, and every command of its
 console blocks is one the ``oncekit`` command line accepts.
 
-The Python examples the pages include run in test_examples.py; a Python block written in a page
+Every console block is a named one that a test reads and runs (tests/docs/console.py); every
+``oncekit`` command written inline is one the command line accepts. The Python examples the
+pages include run in test_examples.py and test_walkthrough.py; a Python block written in a page
 itself (none today) is compiled here.
 """
 
 from __future__ import annotations
 
+import argparse
 import re
 import shlex
 import subprocess
@@ -19,8 +22,11 @@ from urllib.parse import urldefrag, urlparse
 import pytest
 
 from oncekit import cli
+from tests.docs.console import console_blocks, console_commands
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
+TESTS = Path(__file__).resolve().parents[1]
+INLINE_COMMAND = re.compile(r"`(oncekit [^`]+)`")
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"]
 BLOCK = re.compile(r"^```(\w+)\n(.*?)^```", re.S | re.M)
@@ -63,6 +69,8 @@ def test_site_builds_strictly_and_chromium_finds_every_page_and_image(site: Path
             broken = page.eval_on_selector_all("img", "images => images.filter(i => !i.complete || i.naturalWidth === 0)"
                                                       ".map(i => i.src)")
             missing += [f"{url}: image {src}" for src in broken]
+            raw = page.eval_on_selector_all("p", "ps => ps.map(p => p.textContent.trim()).filter(t => t.startsWith('|'))")
+            missing += [f"{url}: a table row rendered as text: {text[:80]}" for text in raw]
             links = page.eval_on_selector_all("a[href]", "links => links.map(a => a.href)")
             missing += [f"{url}: link {link}" for link in links if link.startswith("file://")
                         and not Path(urlparse(urldefrag(link)[0]).path).exists()]
@@ -70,16 +78,47 @@ def test_site_builds_strictly_and_chromium_finds_every_page_and_image(site: Path
     assert missing == []
 
 
+def test_every_console_block_is_named_and_run_by_a_test() -> None:
+    unnamed = [page for page, _ in blocks("console")]
+    assert unnamed == [], f"console blocks without a name (a test cannot run them): {unnamed}"
+    named = console_blocks()
+    assert len(named) >= 8, named
+    tests = "\n".join(path.read_text() for path in TESTS.rglob("test_*.py"))
+    unread = [f"{page}: {name}" for name, (page, _) in named.items()
+              if not re.search(rf'console_commands\(\s*"{name}"', tests)]
+    assert unread == [], f"console blocks no test runs: {unread}"
+
+
 def test_every_oncekit_command_on_the_site_is_accepted_by_the_command_line() -> None:
-    commands = [(page, line[2:]) for page, text in blocks("console") for line in text.splitlines()
-                if line.startswith("$ oncekit ")]
-    assert len(commands) >= 4, commands
+    """Console commands parse whole; a command written inline (``oncekit run --ui``) names a
+    command and flags that exist (a capitalised word is a placeholder)."""
     parser = cli.parser()
-    for page, line in commands:
+    commands = [(name, command) for name in console_blocks() for command in console_commands(name)
+                if command.startswith("oncekit ")]
+    assert len(commands) >= 8, commands
+    for where, line in commands:
         try:
             parser.parse_args(shlex.split(line, comments=True)[1:])
         except SystemExit:
-            pytest.fail(f"{page}: the command line refuses {line!r}")
+            pytest.fail(f"{where}: the command line refuses {line!r}")
+    inline = [(page.name, found.split()) for page in sorted(DOCS.glob("*.md"))
+              for found in INLINE_COMMAND.findall(page.read_text())]
+    assert len(inline) >= 30, inline
+    for where, words in inline:
+        command = parser
+        for word in words[1:]:
+            if word.isupper() or not (word.startswith("-") or command is parser or subcommands(command)):
+                continue
+            if word.startswith("-"):
+                assert word.split("=")[0] in command._option_string_actions, f"{where}: {' '.join(words)}: no {word}"
+            else:
+                assert word in subcommands(command), f"{where}: {' '.join(words)}: no command {word!r}"
+                command = subcommands(command)[word]
+
+
+def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    return next((dict(action.choices) for action in parser._actions
+                 if isinstance(action, argparse._SubParsersAction)), {})
 
 
 def test_python_blocks_written_in_pages_compile() -> None:

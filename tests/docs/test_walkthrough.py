@@ -44,16 +44,18 @@ def sh(command: str, cwd: Path, env: dict[str, str], timeout: float = 300) -> su
     return done
 
 
-def get(url: str, timeout_s: float = 60) -> str:
-    deadline = time.monotonic() + timeout_s
-    while True:
+def get(url: str, showing: str, timeout_s: float = 60) -> str:
+    """The page at ``url`` once it shows ``showing`` (a page samples every 2 s)."""
+    deadline, text = time.monotonic() + timeout_s, ""
+    while showing not in text:
+        assert time.monotonic() < deadline, f"{url} does not show {showing!r}:\n{text}"
         try:
             with urllib.request.urlopen(url, timeout=5) as response:
-                return response.read().decode()
+                text = response.read().decode()
         except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
+            pass
+        time.sleep(0.5)
+    return text
 
 
 def output(process: subprocess.Popen[str]) -> str:
@@ -91,8 +93,8 @@ def test_getting_started_and_operations_commands_run_as_the_pages_show_them(
             assert job.poll() is None, f"{run} ended:\n{output(job)}"
             assert time.monotonic() < deadline, f"{run}: {len(table_ids(postgres_dsn, unique_name))} rows\n{output(job)}"
             time.sleep(1)
-        assert "payments" in get(f"http://127.0.0.1:{ui_port}/")
-        assert "oncekit_last_completed_batch" in get(f"http://127.0.0.1:{ui_port}/metrics")
+        get(f"http://127.0.0.1:{ui_port}/", "<title>oncekit status")
+        get(f"http://127.0.0.1:{ui_port}/metrics", 'oncekit_last_completed_batch{query="payments"}')
 
         for doctor in [*console_commands("quickstart-doctor", {"--topic payments": f"--topic {topic}"}),
                        *console_commands("deploy-doctor", {"kafka:9092": kafka.bootstrap_servers,
@@ -106,11 +108,11 @@ def test_getting_started_and_operations_commands_run_as_the_pages_show_them(
         status = subprocess.Popen(["bash", "-c", f"exec {serve}"], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
                                   stderr=subprocess.DEVNULL, start_new_session=True)
         try:
-            assert "oncekit_last_completed_batch" in get(f"http://127.0.0.1:{status_port}/metrics")
+            get(f"http://127.0.0.1:{status_port}/metrics", 'oncekit_last_completed_batch{query="payments"}')
         finally:
             os.killpg(status.pid, signal.SIGTERM)
             status.wait(30)
-        assert "oncekit_last_completed_batch" in sh(once, tmp_path, env).stdout
+        assert 'oncekit_last_completed_batch{query="payments"}' in sh(once, tmp_path, env).stdout
 
         create, listed, restore, delete = console_commands(
             "savepoints", {"s3a://bucket/checkpoints-v2": str(tmp_path / "checkpoints-v2"),

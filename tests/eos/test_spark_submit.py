@@ -1,5 +1,5 @@
-"""A user's job on a Spark cluster from the built wheel (issue 34 item 2): the wheel installed
-into a fresh virtual environment with only the supported pyspark, a job file outside the
+"""A user's job on a Spark cluster from the built wheel (issue 34 item 2), with the deployment
+page's commands: the wheel installed into a fresh virtual environment with only the supported pyspark, a job file outside the
 checkout that uses only ``from oncekit import ...``, submitted with ``spark-submit`` to a
 standalone cluster whose executors run the same environment (at the same path on every node,
 as a cluster image gives it). The driver crashes once in its commit; the job submitted again
@@ -19,6 +19,7 @@ from oncekit.connectors import KafkaConfig
 from oncekit.core.crash import CRASH_DIR_ENV, arm, fired
 from oncekit.verify import compare
 from oncekit.verify.io import prepare_target
+from tests.docs.console import console_commands
 from tests.eos.pipeline import prepared_transactions, produce_input, table_ids
 
 pytestmark = [pytest.mark.services, pytest.mark.spark]
@@ -50,11 +51,17 @@ def pyspark_version() -> str:
 
 @pytest.fixture(scope="module")
 def job_env(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A fresh virtual environment with the wheel, its spark extra and the cluster's pyspark."""
+    """A fresh virtual environment made as the deployment page says (the wheel for the package
+    index, the installed pyspark for the cluster's version), then the getting-started page's
+    install run in it, which finds everything there."""
     venv = tmp_path_factory.mktemp("job-env") / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check",
-                    f"oncekit[spark] @ {wheel.as_uri()}", f"pyspark=={pyspark_version()}"], check=True)
+    requirement = f"'oncekit[spark] @ {wheel.as_uri()}'"
+    (make,) = console_commands("deploy-standalone", {"/opt/job": str(venv), "'oncekit[spark]'": requirement,
+                                                     "'pyspark==4.3.0'": f"'pyspark=={pyspark_version()}'"})[:1]
+    (install,) = console_commands("install", {"pip install 'oncekit[spark]'": f"{venv}/bin/pip install {requirement}"})
+    for command in (make, install):
+        subprocess.run(["bash", "-c", command], check=True, env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+                                                                  "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
     return venv
 
 
@@ -75,14 +82,16 @@ def test_a_users_job_from_the_wheel_on_a_standalone_cluster_crashes_once_and_end
            if key not in ("SPARK_HOME", "PYTHONPATH", "VIRTUAL_ENV", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")}
     env.update(JOB_BOOTSTRAP=kafka.bootstrap_servers, JOB_TOPIC=topic, JOB_DSN=postgres_dsn, JOB_TABLE=unique_name,
                JOB_CHECKPOINT=str(tmp_path / "checkpoint"), PATH=f"{job_env / 'bin'}:{os.environ['PATH']}")
-    submit = [str(job_env / "bin" / "spark-submit"), "--master", spark_cluster.url,
-              "--conf", f"spark.pyspark.python={python}", "--conf", f"spark.pyspark.driver.python={python}",
-              "--conf", f"spark.executorEnv.{CRASH_DIR_ENV}={crash_dir}", "--conf", "spark.executor.memory=1g",
-              str(job)]
+    submit = console_commands("deploy-standalone", {"/opt/job": str(job_env), "spark://master:7077": spark_cluster.url})[1]
+    conf = tmp_path / "conf"  # the test's own settings, where spark-submit reads a cluster's defaults
+    conf.mkdir()
+    (conf / "spark-defaults.conf").write_text(f"spark.executorEnv.{CRASH_DIR_ENV} {crash_dir}\n"
+                                              "spark.executor.memory 1g\n")
+    env["SPARK_CONF_DIR"] = str(conf)
 
     def run(log: str) -> int:
         with (tmp_path / log).open("wb") as out:
-            return subprocess.run(submit, cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT,
+            return subprocess.run(["bash", "-c", submit], cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT,
                                   timeout=300).returncode
 
     arm(crash_dir, "driver_after_journal", batch_id=2)

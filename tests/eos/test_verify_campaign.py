@@ -23,6 +23,7 @@ import pytest
 from oncekit.connectors import Services
 from oncekit.connectors.services.spark_cluster import StandaloneCluster
 from oncekit.verify import CampaignReport, Fault, Upstream, run_campaign, schedule, table, write_json
+from tests.docs.console import console_commands
 
 pytestmark = [pytest.mark.services, pytest.mark.spark]
 
@@ -82,14 +83,14 @@ def test_fanout_campaign_one_query_two_sinks_each_exactly_once_and_live(services
 
 
 def test_oncekit_verify_as_a_new_user(tmp_path: Path) -> None:
-    """``oncekit verify`` as a new user runs it: it starts its own services, prints progress and
-    the table, writes JSON; every verdict exactly-once."""
+    """``oncekit verify`` as a new user runs it from the verifying page (2 faults of its 20): it
+    starts its own services, prints progress and the table, writes JSON; every verdict
+    exactly-once."""
     env = {k: v for k, v in os.environ.items() if k != "ONCEKIT_CRASH_DIR"}
-    out = subprocess.run(
-        [str(Path(sys.executable).parent / "oncekit"), "verify", "--faults", "2", "--seed", "7",
-         "--backend", os.environ.get("ONCEKIT_TEST_BACKEND", "auto"), "--json", str(tmp_path / "verify.json")],
-        capture_output=True, text=True, timeout=900, cwd=tmp_path, env=env,
-    )
+    env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
+    (command,) = console_commands("verify", {"--faults 20": "--faults 2", "--json report.json": "--backend "
+                                             f"{os.environ.get('ONCEKIT_TEST_BACKEND', 'auto')} --json verify.json"})
+    out = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=900, cwd=tmp_path, env=env)
     REPORTS.mkdir(parents=True, exist_ok=True)
     (REPORTS / "oncekit-verify-cli.out").write_text(out.stdout + out.stderr)
     assert out.returncode == 0, out.stdout + out.stderr[-3000:]

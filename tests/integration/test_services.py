@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -85,24 +87,37 @@ def test_local_backend_runs_real_kafka_and_postgres() -> None:
             assert value is not None and int(value[0]) > 0
 
 
-def test_cli_services_up_status_down_hides_password(tmp_path: Any) -> None:
+def test_cli_services_up_status_down_as_the_pages_show_them(tmp_path: Any) -> None:
+    """The getting-started page's ``services up --show-dsn`` (the default backend: containers
+    where an engine answers) prints a DSN to export; the deployment page's block starts local
+    processes, hides the password, reports them ready and stops them."""
     import os
     import subprocess
     import sys
 
-    env = {**os.environ, "ONCEKIT_STATE_DIR": str(tmp_path)}
+    from tests.docs.console import console_commands
 
-    def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "oncekit.cli", "services", *args], env=env,
-                              capture_output=True, text=True, timeout=300, check=False)
+    env = {**os.environ, "ONCEKIT_STATE_DIR": str(tmp_path), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
 
-    up = cli("up", "--backend", "local")
+    def sh(command: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["bash", "-c", command], env=env, capture_output=True, text=True, timeout=300, check=False)
+
+    (show,) = console_commands("services-up")
+    up, status, down = console_commands("deploy-services")
+    shown = sh(show)
     try:
-        assert up.returncode == 0, up.stderr
-        assert "kafka bootstrap: 127.0.0.1:" in up.stdout and "postgresql://oncekit:***@127.0.0.1:" in up.stdout
-        status = cli("status")
-        assert "kafka: ready" in status.stdout and "postgres: ready" in status.stdout
+        assert shown.returncode == 0, shown.stderr
+        dsn = re.search(r"postgresql://oncekit:([^@]+)@", shown.stdout)
+        assert dsn is not None and dsn.group(1) != "***", shown.stdout
     finally:
-        down = cli("down")
-    assert down.returncode == 0 and "services down" in down.stdout
-    assert cli("status").returncode == 1
+        assert sh(down).returncode == 0
+    started = sh(up)
+    try:
+        assert started.returncode == 0, started.stderr
+        assert "kafka bootstrap: 127.0.0.1:" in started.stdout and "postgresql://oncekit:***@127.0.0.1:" in started.stdout
+        ready = sh(status)
+        assert "kafka: ready" in ready.stdout and "postgres: ready" in ready.stdout
+    finally:
+        stopped = sh(down)
+    assert stopped.returncode == 0 and "services down" in stopped.stdout
+    assert sh(status).returncode == 1
