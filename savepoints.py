@@ -41,13 +41,15 @@ def restore(path: str, root: str, state_partitions: int | None = None) -> savepo
     offline repartitioning, which needs every planned batch committed (StateRescaleError or
     SavepointError say what to do otherwise)."""
     saved = savepoints.restore(path, root)
-    if state_partitions is None or all(q.state_partitions == state_partitions for q in saved.queries):
+    where = savepoints.location(root)
+    logs = {q.name: SparkLog(f"{where}/{q.name}") for q in saved.queries
+            if state_partitions is not None and q.state_partitions != state_partitions}
+    logs = {name: log for name, log in logs.items() if log.stateful()}  # a stateless query has nothing to rescale
+    if not logs:
         return saved
     from oncekit.core.spark.session import spark_session
     from oncekit.core.spark.state import repartition_state
 
-    where = savepoints.location(root)
-    logs = {q.name: SparkLog(f"{where}/{q.name}") for q in saved.queries}
     pending = [name for name, log in logs.items() if log.latest_planned() != log.latest_completed()]
     if pending:
         raise SavepointError(f"savepoint {saved.name}: queries {', '.join(pending)} have a batch planned and not "
@@ -55,8 +57,8 @@ def restore(path: str, root: str, state_partitions: int | None = None) -> savepo
                              "availableNow trigger) and rescale with Spark's offline repartitioning, or restore without "
                              "--state-partitions")
     spark = spark_session("oncekit-savepoint")
-    for query in saved.queries:
-        repartition_state(spark, f"{where}/{query.name}", state_partitions, query.name)
+    for name in logs:
+        repartition_state(spark, f"{where}/{name}", state_partitions, name)
     return saved
 
 

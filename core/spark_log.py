@@ -54,6 +54,10 @@ class SparkLog:
         """Whether Spark has started this checkpoint (its offset log exists)."""
         return bool(list_names(self.fs, f"{self.root}/offsets"))
 
+    def stateful(self) -> bool:
+        """Whether the query keeps state (Spark writes ``state/`` for its stateful operators only)."""
+        return bool(list_names(self.fs, f"{self.root}/state"))
+
     def query_id(self) -> str | None:
         """The id Spark gave the query when it first started on this checkpoint (``metadata``);
         it stays with the checkpoint, and with a savepoint's copy of it. None before that, or

@@ -61,13 +61,18 @@ def _messages(error: BaseException) -> str:
 
 def repartition_state(spark: SparkSession, checkpoint: str, partitions: int, query: str) -> bool:
     """Rescale the state of the stopped query checkpointed at ``checkpoint`` to ``partitions``
-    partitions; False when it already has that many (nothing to do). The query's next start
-    picks the new partitioning up from the batch Spark logs for it. Raises StateRescaleError
-    when Spark refuses, with the query, the operator and what to do instead."""
+    partitions; False when it already has that many or keeps no state (nothing to do: a
+    stateless query's partitioning is its input's). The query's next start picks the new
+    partitioning up from the batch Spark logs for it. Raises StateRescaleError when Spark
+    refuses, with the query, the operator and what to do instead."""
     if partitions < 1:
         raise StateRescaleError(f"query {query}: state partitions must be at least 1, got {partitions}")
-    current = SparkLog(checkpoint).state_partitions()
+    log = SparkLog(checkpoint)
+    current = log.state_partitions()
     if current == partitions:
+        return False
+    if not log.stateful():
+        logger.info("query %s: keeps no state, nothing to repartition at %s", query, checkpoint)
         return False
     try:
         spark._streamingCheckpointManager.repartition(checkpoint, partitions)

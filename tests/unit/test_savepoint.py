@@ -114,6 +114,18 @@ def test_state_rescale_refused_by_spark_names_query_operator_and_what_to_do(tmp_
         repartition_state(_Refusing(), str(checkpoint), 4, "balances")  # type: ignore[arg-type]
 
 
+def test_state_rescale_of_a_query_without_state_is_nothing_to_do(tmp_path: Path) -> None:
+    """A stateless query (no ``state/``) is not handed to Spark's repartitioning, which refuses it
+    (MISSING_OPERATOR_METADATA): restoring a stateless job with --state-partitions just works."""
+    import shutil
+
+    from oncekit.core.spark.state import repartition_state
+
+    checkpoint = fake_checkpoint(tmp_path / "cp") / "balances"
+    shutil.rmtree(checkpoint / "state")
+    assert repartition_state(_Refusing(), str(checkpoint), 4, "balances") is False  # type: ignore[arg-type]
+
+
 def test_stop_with_savepoint_request_through_the_checkpoint_storage_is_answered_by_the_runner(tmp_path: Path) -> None:
     """The requester sees the job running from the lease of one of its queries (whatever host
     its driver is on) and leaves the request in the checkpoint root; the runner, polling its
