@@ -41,9 +41,10 @@ def restore(path: str, root: str, state_partitions: int | None = None) -> savepo
     offline repartitioning, which needs every planned batch committed (StateRescaleError or
     SavepointError say what to do otherwise)."""
     saved = savepoints.restore(path, root)
+    if state_partitions is None:
+        return saved
     where = savepoints.location(root)
-    logs = {q.name: SparkLog(f"{where}/{q.name}") for q in saved.queries
-            if state_partitions is not None and q.state_partitions != state_partitions}
+    logs = {q.name: SparkLog(f"{where}/{q.name}") for q in saved.queries if q.state_partitions != state_partitions}
     logs = {name: log for name, log in logs.items() if log.stateful()}  # a stateless query has nothing to rescale
     if not logs:
         return saved
