@@ -15,10 +15,11 @@ import pytest
 
 from oncekit.connectors import KafkaConfig
 from oncekit.connectors.kafka import create_topic
-from oncekit.core.errors import TaskInputCutError
+from oncekit.core.errors import OncekitError, RecordError, TaskInputCutError
 from oncekit.core.names import KafkaTransactionalId
 from oncekit.core.protocol import TaskInfo
 from oncekit.sinks.kafka import KafkaSinkConfig, KafkaTransactionalSink, kafka_sink
+from oncekit.sinks.kafka._common import RecordStream, SinkProducer
 from oncekit.verify.io import read_committed
 
 pytestmark = pytest.mark.services
@@ -74,3 +75,22 @@ def test_input_cut_mid_stream_leaves_nothing_visible_and_the_replay_commits_once
     sink.write_partition(TaskInfo(config.sink_id, 0, 1, 3), batches())  # a replay: finds the marker, writes nothing
     assert Counter(read_committed(kafka, config.topic, sum(map(len, PARTS)))) == expected()
 
+
+
+def test_a_produce_error_that_is_not_the_records_names_the_transaction_and_blames_no_row(
+        kafka: KafkaConfig, tmp_path: Path) -> None:
+    """Issue 36, finding 5: librdkafka refuses a record for the producer's or the broker's
+    reasons too (here: a transactional producer with no transaction begun, ``_STATE``, as after
+    an abortable error). Only a record's own fault (too large) is a RecordError naming its row;
+    anything else fails the attempt naming sink, batch, partition and transaction."""
+    config, sink = new_sink(kafka, "errors-not-the-row", tmp_path)
+    where = f"kafka sink {config.sink_id} batch 1 partition 0"
+    records = next(iter(RecordStream.of(batches(), where)))
+
+    def attempt(producer: SinkProducer) -> int:
+        sink.produce(producer, records, where)  # no begin_transaction: refused whatever the record holds
+        return len(records)
+
+    with pytest.raises(OncekitError, match=rf"{where}: transaction oncekit-{config.sink_id}-0 failed: .*state") as failed:
+        sink.commit_with_fencing(KafkaTransactionalId(config.sink_id, 0), where, attempt)
+    assert not isinstance(failed.value, RecordError) and " row " not in str(failed.value), repr(failed.value)
