@@ -286,7 +286,9 @@ class KafkaSinkBase:
         to librdkafka through ``map`` over Arrow-made lists, so no Python code runs per record;
         only a record the client refuses stops it: a full local queue waits for deliveries, a
         record over the broker's size goes to the dead-letter topic if there is one, else fails
-        the task with its row. Failed deliveries land in ``producer.failures``."""
+        the task with RecordError naming its row. Any other refusal is the producer's, the
+        transaction's or the topic's, not the record's: it is raised as the KafkaException it
+        is. Failed deliveries land in ``producer.failures``."""
         topic, values, keys = self.config.topic, records.python_values, records.python_keys
         remaining_values, remaining_keys = iter(values), iter(keys)
         send = producer.produce  # positional (topic, value, key): keyword arguments cost a dict per record
@@ -298,10 +300,12 @@ class KafkaSinkBase:
                 row = len(values) - operator.length_hint(remaining_values) - 1
                 produce_when_room(producer, topic, values[row], keys[row])
             except KafkaException as exc:
-                if exc.args[0].fatal():  # a fenced transactional producer: commit_with_fencing's to handle
+                if exc.args[0].code() != KafkaError.MSG_SIZE_TOO_LARGE:
+                    # Not the record's fault (fenced, the transaction's state, the topic): the
+                    # caller names sink, batch, partition and transaction (commit_with_fencing).
                     raise
                 row = len(values) - operator.length_hint(remaining_values) - 1
-                if exc.args[0].code() != KafkaError.MSG_SIZE_TOO_LARGE or not self.config.dead_letter_topic:
+                if not self.config.dead_letter_topic:
                     raise RecordError(f"{where}: row {first_row + row}: {exc.args[0].str()}") from exc
                 produce_when_room(producer, self.config.dead_letter_topic, key=keys[row],
                                   value=(values[row] or b"")[:1024],

@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pyarrow as pa
+from confluent_kafka import KafkaException
 
-from oncekit.core.errors import RecordError
+from oncekit.core.errors import OncekitError, RecordError
 from oncekit.core.protocol import AtLeastOnceSink, TaskInfo
 from oncekit.sinks.kafka._common import FORMAT, KafkaSinkBase, RecordStream
 
@@ -20,9 +21,12 @@ class KafkaAtLeastOnceSink(KafkaSinkBase, AtLeastOnceSink):
         producer = self.take_producer(None)
         producer.failures.clear()
         rows = 0
-        for part in RecordStream.of(batches, where):  # sent as it arrives
-            self.produce(producer, part, where, first_row=rows)
-            rows += len(part)
+        try:
+            for part in RecordStream.of(batches, where):  # sent as it arrives
+                self.produce(producer, part, where, first_row=rows)
+                rows += len(part)
+        except KafkaException as exc:
+            raise OncekitError(f"{where}: produce failed: {exc.args[0].str()}") from exc
         remaining = producer.flush(60)
         errors = producer.failures
         if errors or remaining:
