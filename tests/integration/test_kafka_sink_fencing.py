@@ -5,6 +5,7 @@ read_committed and compared as a multiset."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import Counter
 from collections.abc import Iterator
@@ -94,3 +95,18 @@ def test_a_produce_error_that_is_not_the_records_names_the_transaction_and_blame
     with pytest.raises(OncekitError, match=rf"{where}: transaction oncekit-{config.sink_id}-0 failed: .*state") as failed:
         sink.commit_with_fencing(KafkaTransactionalId(config.sink_id, 0), where, attempt)
     assert not isinstance(failed.value, RecordError) and " row " not in str(failed.value), repr(failed.value)
+
+
+def test_an_init_transactions_failure_names_sink_batch_partition_and_step(kafka: KafkaConfig, tmp_path: Path) -> None:
+    """Issue 36, finding 3: the broker refuses a new producer's init_transactions (here: a
+    transaction timeout above its transaction.max.timeout.ms, as when the broker's setting
+    changed after the preflight); the task fails naming sink, batch, partition, transaction and
+    the step, not with the bare Kafka error."""
+    config, _ = new_sink(kafka, "errors-init", tmp_path)
+    sink = dataclasses.replace(config, transaction_timeout_ms=3_600_000).build(str(tmp_path))
+    assert isinstance(sink, KafkaTransactionalSink)
+    where = f"kafka sink {config.sink_id} batch 1 partition 0"
+    with pytest.raises(OncekitError, match=rf"{where}: transaction oncekit-{config.sink_id}-0 failed: "
+                                           r"init_transactions: .*[Tt]imeout") as failed:
+        sink.commit_with_fencing(KafkaTransactionalId(config.sink_id, 0), where, lambda producer: 0)
+    assert not isinstance(failed.value, RecordError)
