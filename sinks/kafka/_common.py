@@ -392,9 +392,11 @@ class KafkaSinkBase:
         marker read inside ``attempt`` makes the rerun write nothing if the other attempt
         committed.
         A producer that failed in any way is dropped, never given back. Kafka errors are raised
-        naming sink, batch, partition and transaction."""
-        producer = self.take_producer(transactional_id)
+        naming sink, batch, partition and transaction (and init_transactions when making the
+        producer failed)."""
+        producer: SinkProducer | None = None  # None while a producer is being made (init_transactions)
         try:
+            producer = self.take_producer(transactional_id)
             try:
                 result = attempt(producer)
             except (KafkaException, UnsettledMarkerError) as exc:
@@ -402,11 +404,13 @@ class KafkaSinkBase:
                     raise
                 logger.info("%s txn %s: %s; starting over with a new producer", where, transactional_id,
                             exc.args[0].str() if isinstance(exc, KafkaException) else exc)
+                producer = None
                 producer = self.take_producer(transactional_id, fresh=True)
                 result = attempt(producer)
         except KafkaException as exc:
             # A commit that failed for records names them only in their delivery reports.
-            text = exc.args[0].str() + (f" ({producer.failures[0]})" if producer.failures else "")
+            text = ("init_transactions: " if producer is None else "") + exc.args[0].str() + (
+                f" ({producer.failures[0]})" if producer is not None and producer.failures else "")
             # A deleted topic shows as an unknown topic, or, while the producer's metadata still
             # lists it, as an unknown partition in a record's delivery report.
             gone = exc.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART or "Unknown topic" in text \
