@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -21,6 +24,7 @@ from oncekit.core.names import KafkaTransactionalId
 from oncekit.core.protocol import TaskInfo
 from oncekit.sinks.kafka import KafkaSinkConfig, KafkaTransactionalSink, kafka_sink
 from oncekit.sinks.kafka._common import RecordStream, SinkProducer
+from oncekit.sinks.kafka._markers import READ_S
 from oncekit.verify.io import read_committed
 
 pytestmark = pytest.mark.services
@@ -110,3 +114,29 @@ def test_an_init_transactions_failure_names_sink_batch_partition_and_step(kafka:
                                            r"init_transactions: .*[Tt]imeout") as failed:
         sink.commit_with_fencing(KafkaTransactionalId(config.sink_id, 0), where, lambda producer: 0)
     assert not isinstance(failed.value, RecordError)
+
+
+def test_a_marker_read_never_waits_behind_the_hung_reads_of_failed_attempts(
+        kafka: KafkaConfig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 36, finding 3: two attempts of a partition fail (their input cut) while their marker
+    reads hang (a broker that does not answer); the next attempt's read must not queue behind
+    them: it commits, instead of failing with a StallError that blames its own read."""
+    config, sink = new_sink(kafka, "errors-hung-reads", tmp_path)
+    real_latest, hung, release = sink.markers.latest, threading.Semaphore(2), threading.Event()
+
+    def latest(*args: Any, **kwargs: Any) -> Any:
+        if hung.acquire(blocking=False):  # the first two reads hang until the test ends
+            release.wait(300)
+        return real_latest(*args, **kwargs)
+
+    monkeypatch.setattr(sink.markers, "latest", latest)
+    try:
+        for attempt in (1, 2):
+            with pytest.raises(TaskInputCutError):
+                sink.write_partition(TaskInfo(config.sink_id, 0, 1, attempt), batches(cut_after=3))
+        started = time.monotonic()
+        sink.write_partition(TaskInfo(config.sink_id, 0, 1, 3), batches())
+        assert time.monotonic() - started < READ_S, "the read waited behind the hung ones"
+    finally:
+        release.set()
+    assert Counter(read_committed(kafka, config.topic, sum(map(len, PARTS)))) == expected()
