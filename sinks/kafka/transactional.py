@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow as pa
 
-from oncekit.core.deadline import bounded
+from oncekit.core.deadline import begin
 from oncekit.core.names import KafkaTransactionalId
 from oncekit.core.protocol import TaskCommitSink, TaskInfo
 from oncekit.sinks.kafka._common import FORMAT, KafkaSinkBase, RecordStream, SinkProducer
@@ -38,12 +37,13 @@ class KafkaTransactionalSink(KafkaSinkBase, TaskCommitSink):
             # producer's init_transactions decides right: an attempt that commits later must
             # have fenced this producer, whose commit then fails.
             # A new producer's init_transactions has settled the id: its read may wait longer.
-            marker = _MARKER_READS.submit(self.markers.latest, task.partition_id, where,
-                                          READ_S if producer.fresh else SETTLE_S)
+            # A read of its own thread: one left hanging by a failed attempt delays no other.
+            marker = begin(f"{where}: marker read", self.markers.latest, task.partition_id, where,
+                           READ_S if producer.fresh else SETTLE_S)
             replayed: list[int] = []
 
             def marker_of(rows: int, checksum: str) -> BatchMarker | None:
-                found = bounded(f"{where}: marker read", 2 * READ_S + 10, marker.result)
+                found = marker.result(2 * READ_S + 10)
                 if found is None:
                     return BatchMarker(task.batch_id, rows, checksum)
                 publish = found.replayed(task.batch_id, rows, checksum, where)
@@ -61,7 +61,3 @@ class KafkaTransactionalSink(KafkaSinkBase, TaskCommitSink):
 
         return self.commit_with_fencing(transactional_id, where, attempt)
 
-
-# Marker reads of this process's tasks, beside their records (threads start on first use, so a
-# forking Python worker daemon holds none).
-_MARKER_READS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="oncekit-marker-read")
