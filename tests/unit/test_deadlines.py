@@ -72,3 +72,28 @@ def test_speculation_is_refused_at_start() -> None:
     refuse_speculation(_Session(), sink)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match=r"sink kafka-t: spark.speculation=true .* set spark.speculation=false"):
         refuse_speculation(_Session(**{"spark.speculation": "true"}), sink)  # type: ignore[arg-type]
+
+
+def test_mirroring_offsets_to_a_consumer_group_never_blocks_the_driver_on_a_silent_broker() -> None:
+    """Issue 36, finding 2: the source mirrors committed offsets to ``consumerGroup`` between
+    batches, on the driver, where nothing bounds a wait. Against a broker that accepts the
+    connection and never answers (a paused or partitioned one), the mirror must return at
+    once; it waited on the group coordinator before (librdkafka's synchronous commit)."""
+    import socket
+    import threading
+
+    from oncekit.sources._spark_kafka import KafkaStreamReader
+    from oncekit.sources.kafka import KafkaSourceOptions
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)  # the kernel accepts; nobody ever answers
+    options = KafkaSourceOptions.parse({"kafka.bootstrap.servers": f"127.0.0.1:{silent.getsockname()[1]}",
+                                        "subscribe": "t", "consumerGroup": "mirror"})
+    reader = KafkaStreamReader(options)
+    returned = threading.Event()
+    threading.Thread(target=lambda: (reader.commit({"t": {"0": 5, "1": 7}}), returned.set()), daemon=True).start()
+    try:
+        assert returned.wait(15), "the offsets mirror blocked the driver on a broker that does not answer"
+    finally:
+        silent.close()
