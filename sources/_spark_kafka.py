@@ -6,7 +6,8 @@ import logging
 from collections.abc import Iterator, Sequence
 from typing import Any, cast
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+from confluent_kafka.admin import AdminClient
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
@@ -88,7 +89,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: KafkaSourceOptions) -> None:
         self.options = options
         self._available_now: Offsets | None = None
-        self._group_consumer: Consumer | None = None
+        self._group_admin: AdminClient | None = None
 
     def prepareForTriggerAvailableNow(self) -> None:
         """Trigger.AvailableNow reads what exists now and no later record, in as many batches
@@ -123,18 +124,29 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def commit(self, end: dict[str, Any]) -> None:
         """Called on the driver when the next batch starts: mirror offsets to the consumer group
-        for lag monitoring. Never read back for recovery."""
-        if not self.options.consumer_group:
+        for lag monitoring. Never read back for recovery. An admin request that is not waited
+        for (a consumer's commit, even an asynchronous one, makes its close wait for a group
+        coordinator): one that does not answer never holds the query, which Spark calls this
+        from between batches, outside the batch deadline. A failed mirror is logged."""
+        group = self.options.consumer_group
+        if not group:
             return
-        if self._group_consumer is None:  # one per query: this reader lives as long as the query
-            self._group_consumer = self.options.consumer(**{"group.id": self.options.consumer_group})
+        if self._group_admin is None:  # one per query, outliving its requests (or librdkafka cancels them)
+            self._group_admin = AdminClient({k: v for k, v in self.options.client.items() if k != "isolation.level"})
+
+        def mirrored(future: Any) -> None:
+            if future.exception() is not None:
+                logger.warning("%s: could not mirror offsets to group %s: %s", FORMAT, group, future.exception())
+
+        offsets = [TopicPartition(t, int(p), o) for t, parts in end.items() for p, o in parts.items()]
         try:
-            self._group_consumer.commit(
-                offsets=[TopicPartition(t, int(p), o) for t, parts in end.items() for p, o in parts.items()],
-                asynchronous=False,
-            )
+            requests = self._group_admin.alter_consumer_group_offsets(
+                [ConsumerGroupTopicPartitions(group, offsets)], request_timeout=30)
         except Exception as exc:  # monitoring only: a failed mirror must not fail the query
-            logger.warning("%s: could not mirror offsets to group %s: %s", FORMAT, self.options.consumer_group, exc)
+            logger.warning("%s: could not mirror offsets to group %s: %s", FORMAT, group, exc)
+            return
+        for request in requests.values():
+            request.add_done_callback(mirrored)
 
 
 def _cap(start: Offsets, latest: Offsets, max_rows: int) -> Offsets:
