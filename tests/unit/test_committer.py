@@ -68,3 +68,28 @@ def test_wake_ups_commit_each_completed_batch_and_a_newer_run_ends_the_committer
         engine.journal.start_run("stop")
         served.join(10)
     assert sink_of(engine).committed == ["oncekit:memory:0:0:0", "oncekit:memory:1:0:0"]
+
+
+def test_a_committer_busy_with_a_slow_target_never_blocks_the_driver_side_commit(
+        engine: CheckpointEngine, tmp_path: Path) -> None:
+    """Issue 36, finding 1: while the committer is inside a long commit (a target down, a lock
+    held), every batch's driver-side commit wakes it. The wake-up must not wait for the
+    committer once its socket queue is full (about ten datagrams): a write-ahead-log sink keeps
+    ingesting, and the committer's next sweep commits what completed."""
+    config = engine.sink  # only its sink_id is read
+    path, _ = committer._paths(str(tmp_path), config.sink_id, "run-1")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as busy:  # bound, never read: the committer is busy
+        busy.bind(path)
+        woken = threading.Event()
+
+        def wake_up_every_batch() -> None:
+            for batch_id in range(100):
+                committer.wake(config, str(tmp_path), "run-1", batch_id)  # type: ignore[arg-type]
+            woken.set()
+
+        threading.Thread(target=wake_up_every_batch, daemon=True).start()
+        try:
+            assert woken.wait(10), "a wake-up waited for the busy committer"
+        finally:
+            import os
+            os.unlink(path)
