@@ -64,11 +64,18 @@ def start(config: SinkConfig, checkpoint: str, run: str, batch_id: int | None = 
 
 def wake(config: SinkConfig, checkpoint: str, run: str, batch_id: int) -> None:
     """Stream writer's driver-side commit of ``batch_id``, after journaling it: tell the run's
-    committer; start one if it is gone (it exited idle, or was killed)."""
+    committer; start one if it is gone (it exited idle, or was killed). Never waits: a committer
+    whose queue is full (busy in a commit, its target slow or down) has wake-ups pending, and
+    commits ``batch_id`` with them or at its next sweep."""
     path, _ = _paths(checkpoint, config.sink_id, run)
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
+        sender.setblocking(False)
         try:
             sender.sendto(str(batch_id).encode(), path)
+            return
+        except BlockingIOError:
+            logger.info("sink %s batch %s: the committer of run %s is busy with earlier wake-ups; it commits this "
+                        "batch with them", config.sink_id, batch_id, run)
             return
         except (FileNotFoundError, ConnectionRefusedError):
             pass
@@ -92,7 +99,7 @@ class Committer:
                 return
             self._commit(batch_id)
             try:
-                batch_id, last_wake = int(self.inbox.recv(32)), time.monotonic()
+                batch_id, last_wake = self._newest(int(self.inbox.recv(32))), time.monotonic()
             except TimeoutError:
                 batch_id = None
                 if time.monotonic() - last_wake > IDLE_EXIT_S and not self.engine.uncommitted():
@@ -100,6 +107,15 @@ class Committer:
                                 IDLE_EXIT_S)
                     return
         logger.info("sink %s: a newer run of the query started; the committer of run %s exits", self.sink_id, self.run)
+
+    def _newest(self, batch_id: int) -> int:
+        """``batch_id`` or the newest of the wake-ups queued behind it: one commit serves them all
+        (it commits every completed batch up to the id)."""
+        while True:
+            try:
+                batch_id = max(batch_id, int(self.inbox.recv(32, socket.MSG_DONTWAIT)))
+            except (BlockingIOError, InterruptedError):
+                return batch_id
 
     def drain(self) -> None:
         """After the socket is unlinked (no new wake-up reaches it): commit what the last
