@@ -97,3 +97,35 @@ def test_mirroring_offsets_to_a_consumer_group_never_blocks_the_driver_on_a_sile
         assert returned.wait(15), "the offsets mirror blocked the driver on a broker that does not answer"
     finally:
         silent.close()
+
+
+def test_a_worker_holding_too_many_stuck_calls_exits_at_its_next_task(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 36, finding 3: every call that outlived its deadline keeps a thread (and the client
+    it used) in a Python worker Spark reuses. They are counted while they hang; at the cap the
+    worker exits at its next task's start, before writing anything, so Spark replaces it."""
+    import threading
+
+    from oncekit.core import deadline
+    from oncekit.core.errors import StallError
+
+    base = deadline.stuck_calls()  # other tests' calls, if any
+    monkeypatch.setattr(deadline, "STUCK_CAP", base + 3)
+    release = threading.Event()
+    for _ in range(2):
+        with pytest.raises(StallError):
+            deadline.bounded("sink s batch 1 partition 0: commit", 0.01, release.wait)
+    assert deadline.stuck_calls() == base + 2
+    exits: list[int] = []
+    monkeypatch.setattr(deadline.os, "_exit", exits.append)
+    deadline.exit_if_stuck("sink s batch 2 partition 0")
+    assert exits == []
+    with pytest.raises(StallError, match="exits at its next task"):
+        deadline.bounded("sink s batch 1 partition 1: commit", 0.01, release.wait)
+    deadline.exit_if_stuck("sink s batch 2 partition 0")
+    assert exits == [deadline.STUCK_EXIT_CODE]
+    release.set()  # the calls return at last; they no longer count
+    for _ in range(100):
+        if deadline.stuck_calls() <= base:
+            break
+        time.sleep(0.01)
+    assert deadline.stuck_calls() <= base
