@@ -39,6 +39,7 @@ import oncekit
 
 from oncekit.core.crash import crash_point
 from oncekit.core.engine import CheckpointEngine, RecoveryReport
+from oncekit.core.deadline import exit_if_stuck
 from oncekit.core.spark import committer
 from oncekit.core.errors import ConfigError, FencedError, TaskInputCutError
 from oncekit.core.fanout import FanOutConfig
@@ -180,7 +181,8 @@ class EngineStreamWriter(DataSourceStreamArrowWriter):
         return CheckpointEngine.of(self.config, self.checkpoint, getattr(self, "epoch", 0))
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
-        """Task: write this partition of the batch through the sink."""
+        """Task: write this partition of the batch through the sink (first leaving, in a worker that
+        holds too many stuck calls, for a new one: :func:`~oncekit.core.deadline.exit_if_stuck`)."""
         context = TaskContext.get()
         if context is None:
             raise ConfigError(f"sink {self.config.sink_id}: write() ran outside a Spark task")
@@ -190,6 +192,7 @@ class EngineStreamWriter(DataSourceStreamArrowWriter):
         # taskAttemptId, unlike attemptNumber, differs between a killed task still finishing in the
         # background and the attempt that replaces it, so their transactions never share a name.
         task = TaskInfo(self.config.sink_id, int(batch), context.partitionId(), context.taskAttemptId(), self.epoch)
+        exit_if_stuck(f"sink {task.sink_id} batch {task.batch_id} partition {task.partition_id}")
         engine = self._engine()
         return EngineCommitMessage(engine.write_task(task, whole_input(iterator, task, engine.sink.commits_in_task)))
 
