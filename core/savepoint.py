@@ -143,7 +143,8 @@ def identify(checkpoint: str) -> dict[str, str]:
     if len(sink_ids) != 1:
         raise SavepointError(f"checkpoint {checkpoint}: " + (f"journals of several sinks ({', '.join(sink_ids)})" if sink_ids
                              else "no oncekit journal: a savepoint takes queries started with oncekit.start_query"))
-    return {"sink_id": sink_ids[0], "fingerprint": PLAN + (PlanRecord(location(checkpoint)).read() or "")}
+    plan = PlanRecord(location(checkpoint)).read()
+    return {"sink_id": sink_ids[0], "fingerprint": PLAN + (plan.fingerprint if plan is not None else "")}
 
 
 def create(checkpoint_root: str | Path, into: str | Path, name: str,
