@@ -129,3 +129,37 @@ def test_a_worker_holding_too_many_stuck_calls_exits_at_its_next_task(monkeypatc
             break
         time.sleep(0.01)
     assert deadline.stuck_calls() <= base
+
+
+def test_a_trigger_that_plans_no_batch_for_longer_than_the_batch_timeout_is_a_stall(tmp_path: Any) -> None:
+    """Issue 36, finding 2: Spark's trigger runs, asking the source for offsets, and no batch
+    gets planned (a source call that hangs between batches: planned == completed, so no batch
+    is overdue). The watchdog must see it as a stall naming the query and the step, and stop
+    the query for its restart strategy."""
+    from oncekit.core.spark.query import BatchWatchdog
+
+    for folder in ("offsets", "commits"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "0").write_text("v1")
+
+    class PlanningForEver:
+        isActive = True
+        status = {"message": "Getting offsets from oncekit-kafka", "isDataAvailable": False, "isTriggerActive": True}
+
+        def stop(self) -> None:
+            self.isActive = False
+
+        def exception(self) -> None:
+            return None
+
+    query: Any = PlanningForEver()
+    watchdog = BatchWatchdog(query, str(tmp_path), "q", timeout_s=1.0, run="run").start()
+    try:
+        deadline = time.monotonic() + 20
+        while watchdog.stall is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        watchdog.close()
+    assert isinstance(watchdog.stall, StallError), "the watchdog let a trigger plan nothing for ever"
+    assert "query q" in str(watchdog.stall) and "Getting offsets from oncekit-kafka" in str(watchdog.stall)
+    assert not query.isActive
