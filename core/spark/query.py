@@ -17,6 +17,7 @@ import re
 import threading
 import time
 import weakref
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from pyspark import SparkContext
@@ -49,6 +50,10 @@ BATCH_TIMEOUT_CONF = "spark.oncekit.batchTimeoutSeconds"
 """The session setting that gives every query started from it its batch deadline (seconds)."""
 DEFAULT_BATCH_TIMEOUT_S = 300.0
 DEFAULT_BATCH_TIMEOUT_TRIGGERS = 10
+PLANNING_FLOOR_S = 30.0
+"""The least time a running trigger may go without a progress report and without planning a
+batch before the watchdog calls it a stall, whatever the batch timeout: Spark reports a trigger
+that found no data only every ``spark.sql.streaming.noDataProgressEventInterval`` (10 s)."""
 ACTIVE_POLL_S = 1.0
 """How often the batch watchdog asks whether its query is still active."""
 STOP_S = 120.0
@@ -146,7 +151,8 @@ def listener(spark: SparkSession) -> CheckpointListener:
 
 class BatchWatchdog:
     """Flink's checkpoint timeout, for one run of a query: a batch that Spark planned (its
-    ``offsets/N``) and did not commit (``commits/N``) within ``timeout_s``, or an active query
+    ``offsets/N``) and did not commit (``commits/N``) within ``timeout_s``, a trigger that runs
+    that long without planning one (a source call hanging between batches), or an active query
     whose stream thread is gone, is a stall. The watchdog then logs where the driver's
     processes wait (:func:`~oncekit.core.stacks.process_stacks`), records the stall beside the
     checkpoint (:class:`~oncekit.core.stalls.StallLog`) and stops the query, so that
@@ -160,6 +166,7 @@ class BatchWatchdog:
         self.stall: OncekitError | None = None  # a StallError, or LeaseLostError when another driver took over
         self.stuck: QueryStuckError | None = None  # the query would not stop when this watchdog stopped it
         self._done = threading.Event()
+        self._started = time.time()
         self._thread = threading.Thread(target=self._watch, name=f"oncekit-batch-watchdog {name}", daemon=True)
 
     def start(self) -> BatchWatchdog:
@@ -200,6 +207,7 @@ class BatchWatchdog:
         looked = time.monotonic()
         every = min(max(self.timeout_s / 10, 0.5), RENEW_S)
         pending: tuple[int, float] | None = None  # (planned, not committed batch; when first seen so)
+        busy: tuple[str, float] | None = None  # (what the running trigger does, for how long) with no batch planned
         threadless = 0
         while not self._closed_or_ended(every):
             try:
@@ -222,7 +230,14 @@ class BatchWatchdog:
                 return
             if planned is None or planned == completed:
                 pending = None
+                busy = self._planning_for(busy)
+                if busy is not None and busy[1] > max(self.timeout_s, PLANNING_FLOOR_S):
+                    self._stalled(completed if completed is not None else -1, busy[1],
+                                  f"query {self.name}: its trigger has run {busy[1]:.0f} s without planning a batch "
+                                  f"after batch {completed} ({busy[0]}; batch timeout {self.timeout_s:.0f} s)")
+                    return
                 continue
+            busy = None
             if pending is None or pending[0] != planned:
                 pending = (planned, time.monotonic())
                 continue
@@ -231,6 +246,23 @@ class BatchWatchdog:
                 self._stalled(planned, waited, f"query {self.name} batch {planned}: planned and not committed "
                                                f"after {waited:.0f} s (batch timeout {self.timeout_s:.0f} s)")
                 return
+
+    def _planning_for(self, busy: tuple[str, float] | None) -> tuple[str, float] | None:
+        """With no batch pending: what Spark's running trigger does (its status message) and how
+        long it has run without a progress report (Spark reports a trigger that found no data
+        every ``noDataProgressEventInterval``, 10 s); None while no trigger runs. A source call
+        that hangs while Spark plans the next batch shows so, and no batch is ever overdue."""
+        try:
+            status = self.query.status
+            progress = self.query.lastProgress
+        except Exception:  # noqa: BLE001 - a session going away: the loop's own look decides
+            return busy
+        if not status.get("isTriggerActive"):
+            return None
+        since = self._started
+        if progress and progress.get("timestamp"):
+            since = max(since, datetime.fromisoformat(progress["timestamp"].replace("Z", "+00:00")).timestamp())
+        return str(status.get("message", "")), time.time() - since
 
     def _closed_or_ended(self, seconds: float) -> bool:
         """Wait ``seconds``; True as soon as the watchdog is closed or the query ended (looked at

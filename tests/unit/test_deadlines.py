@@ -131,12 +131,16 @@ def test_a_worker_holding_too_many_stuck_calls_exits_at_its_next_task(monkeypatc
     assert deadline.stuck_calls() <= base
 
 
-def test_a_trigger_that_plans_no_batch_for_longer_than_the_batch_timeout_is_a_stall(tmp_path: Any) -> None:
+def test_a_trigger_that_plans_no_batch_for_longer_than_the_batch_timeout_is_a_stall(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 36, finding 2: Spark's trigger runs, asking the source for offsets, and no batch
     gets planned (a source call that hangs between batches: planned == completed, so no batch
     is overdue). The watchdog must see it as a stall naming the query and the step, and stop
     the query for its restart strategy."""
+    from oncekit.core.spark import query as queries
     from oncekit.core.spark.query import BatchWatchdog
+
+    monkeypatch.setattr(queries, "PLANNING_FLOOR_S", 0.5)
 
     for folder in ("offsets", "commits"):
         (tmp_path / folder).mkdir()
@@ -145,6 +149,7 @@ def test_a_trigger_that_plans_no_batch_for_longer_than_the_batch_timeout_is_a_st
     class PlanningForEver:
         isActive = True
         status = {"message": "Getting offsets from oncekit-kafka", "isDataAvailable": False, "isTriggerActive": True}
+        lastProgress = None  # noqa: N815  (Spark's name)
 
         def stop(self) -> None:
             self.isActive = False
