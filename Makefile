@@ -1,6 +1,7 @@
 # The two commands of the README, and the steps they are made of. Each does its own set-up.
 #   make demo   the main job: services, Spark, Kafka in, PostgreSQL out
 #   make test   type check and the whole test suite on real Kafka and PostgreSQL (testcontainers)
+#   make test-long  every fault campaign at full size (100 faults each, a 30-minute soak)
 #   make bench  the benchmarks: the kit beside its peers in one run (BENCH_ARGS="--records 200000")
 #   make docs   the documentation site, strictly (a warning or an unresolved reference fails it), into .oncekit/docs
 
@@ -9,7 +10,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo test bench docs install broker engine browser typecheck pytest clean
+.PHONY: demo test test-long bench docs install broker engine browser typecheck pytest clean
 
 demo: install broker
 	$(VENV)/bin/oncekit demo
@@ -56,6 +57,15 @@ PYTEST_ARGS ?= -n 2 --dist loadgroup --durations=30
 
 pytest: install
 	. .oncekit/engine.env && ONCEKIT_TEST_BACKEND=$${ONCEKIT_TEST_BACKEND:-containers} $(PY) -m pytest $(PYTEST_ARGS)
+
+# Every campaign at full size, beside the suite (not in CI): the randomized campaigns with 100
+# faults each, a 30-minute soak, and the standby, fan-out and three-broker campaigns as in the
+# suite. The seed is drawn and printed as in make test (ONCEKIT_VERIFY_SEED to repeat a run).
+CAMPAIGNS := tests/eos/test_verify_campaign.py tests/eos/test_soak.py tests/eos/test_standby.py tests/eos/test_kafka_cluster.py
+
+test-long: install broker engine
+	. .oncekit/engine.env && ONCEKIT_TEST_BACKEND=$${ONCEKIT_TEST_BACKEND:-containers} ONCEKIT_VERIFY_FAULTS=100 \
+		ONCEKIT_SOAK_S=1800 $(PY) -m pytest $(PYTEST_ARGS) $(CAMPAIGNS)
 
 # Quix Streams, a peer in the benchmarks (the bench extra), runs in a venv of its own: it pins
 # confluent-kafka below the version the kit's sinks need. Spark's Kafka connector, another peer,
