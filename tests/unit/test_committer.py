@@ -93,3 +93,20 @@ def test_a_committer_busy_with_a_slow_target_never_blocks_the_driver_side_commit
         finally:
             import os
             os.unlink(path)
+
+
+def test_the_committer_takes_the_newest_queued_wake_up_without_waiting_for_another(engine: CheckpointEngine) -> None:
+    """Found by the clean-clone run (test_connect: batches 1-19 committed a trigger late): the
+    wake-ups queued behind the one received are read without waiting; on the committer's socket,
+    whose timeout is the sweep interval, a read flagged MSG_DONTWAIT still waited that long for
+    one more datagram, then raised TimeoutError, which dropped the batch id."""
+    receiver, sender = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    receiver.settimeout(committer.SWEEP_S)
+    with receiver, sender:
+        for batch_id in (1, 2, 3):
+            sender.send(str(batch_id).encode())
+        served = committer.Committer(engine, "run-1", receiver)
+        started = time.monotonic()
+        assert served._newest(int(receiver.recv(32))) == 3
+        assert time.monotonic() - started < committer.SWEEP_S
+        assert receiver.gettimeout() == committer.SWEEP_S  # the sweep interval is kept
