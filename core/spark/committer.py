@@ -110,12 +110,18 @@ class Committer:
 
     def _newest(self, batch_id: int) -> int:
         """``batch_id`` or the newest of the wake-ups queued behind it: one commit serves them all
-        (it commits every completed batch up to the id)."""
-        while True:
-            try:
-                batch_id = max(batch_id, int(self.inbox.recv(32, socket.MSG_DONTWAIT)))
-            except (BlockingIOError, InterruptedError):
-                return batch_id
+        (it commits every completed batch up to the id). Read without waiting: a socket with a
+        timeout waits for a datagram before any read, whatever its flags."""
+        timeout = self.inbox.gettimeout()
+        self.inbox.setblocking(False)
+        try:
+            while True:
+                try:
+                    batch_id = max(batch_id, int(self.inbox.recv(32)))
+                except (BlockingIOError, InterruptedError):
+                    return batch_id
+        finally:
+            self.inbox.settimeout(timeout)
 
     def drain(self) -> None:
         """After the socket is unlinked (no new wake-up reaches it): commit what the last
