@@ -13,6 +13,7 @@ from importlib.metadata import PackageNotFoundError, version
 from benchmarks.cases import fanout_group, kafka_group, postgres_group, source_group
 from benchmarks.environment import Bench, Options, bench
 from benchmarks.latency import latency_group
+from benchmarks.output import report_only
 from benchmarks.recovery import recovery_group
 from benchmarks.reference import reference_pipeline
 from benchmarks.state import state_group
@@ -37,8 +38,18 @@ def installed(package: str) -> str:
         return "not installed"
 
 
+SPARK_OUTPUT = os.path.join(".oncekit", "bench", "spark-output.log")
+"""Where what Spark's JVM and pyspark's workers print goes, out of the report."""
+
+
 def main(argv: list[str] | None = None) -> int:
     options = Options.parse(argv)
+    with report_only(SPARK_OUTPUT):
+        print(f"# Spark's and pyspark's own output: {SPARK_OUTPUT}", flush=True)
+        return _run(options)
+
+
+def _run(options: Options) -> int:
     began = time.monotonic()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     with bench(options) as b:
