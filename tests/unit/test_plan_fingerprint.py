@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from oncekit.core.spark.plan import Plan, normalized, replay_refusal
+from oncekit.core.spark.plan import Plan, earlier_normalized, normalized, replay_refusal
 
 PLAN = ("Project [concat(cast(id#{a}L as string), :, uuid(Some({seed}))) AS v#{b}, randn(5) AS n#{c}]\n"
         "+- Repartition {n}, true\n"
@@ -56,3 +56,18 @@ def test_a_record_written_before_settings_were_kept_still_reads(tmp_path: pytest
     assert Plan.from_bytes(b"0123abcd") == Plan("0123abcd", {})
     plan = Plan("abc", {"spark.sql.files.maxPartitionBytes": None})
     assert Plan.from_bytes(plan.to_bytes()) == plan
+
+
+def test_a_record_of_the_earlier_fingerprint_is_no_change_of_the_same_plan() -> None:
+    """A checkpoint whose record an earlier version wrote (the plan's whole text, options and all,
+    hashed) and whose batch was cut short by the upgrade: the same plan started by this version
+    replays it, it is not refused."""
+    import hashlib
+
+    text = PLAN.format(a=0, b=1, c=2, seed=1, n=4, obj="1", node="x")
+    earlier = Plan.from_bytes(hashlib.sha256(earlier_normalized(text).encode()).hexdigest().encode())
+    now = Plan(hashlib.sha256(normalized(text).encode()).hexdigest(), {},
+               earlier=hashlib.sha256(earlier_normalized(text).encode()).hexdigest())
+    assert replay_refusal("s", 1, "/cp", earlier, now) is None
+    other = Plan("0" * 64, {}, earlier="1" * 64)
+    assert replay_refusal("s", 1, "/cp", earlier, other) is not None
