@@ -64,6 +64,9 @@ class Plan:
 
     fingerprint: str
     settings: Mapping[str, str | None] = field(default_factory=dict)
+    earlier: str | None = field(default=None, compare=False)
+    """The fingerprint an earlier version took of the same plan (:func:`earlier_normalized`), to
+    compare with a record it wrote; never written."""
 
     def to_bytes(self) -> bytes:
         return json.dumps({"plan": self.fingerprint, "settings": dict(self.settings)}, sort_keys=True).encode()
@@ -95,13 +98,20 @@ def plan_of(frame: DataFrame) -> Plan | None:
         settings = {name: spark.conf.get(name, None) for name in FILE_SPLIT_SETTINGS}
         if settings["spark.sql.leafNodeDefaultParallelism"] is None and hasattr(spark, "sparkContext"):
             settings["spark.sql.leafNodeDefaultParallelism"] = str(spark.sparkContext.defaultParallelism)
-    return Plan(hashlib.sha256(normalized(text).encode()).hexdigest(), settings)
+    return Plan(hashlib.sha256(normalized(text).encode()).hexdigest(), settings,
+                earlier=hashlib.sha256(earlier_normalized(text).encode()).hexdigest())
+
+
+def earlier_normalized(plan: str) -> str:
+    """A plan's text as versions before the settings were kept fingerprinted it: without what
+    differs between two analyzations of it, options and all kept."""
+    return _VOLATILE.sub("#", plan)
 
 
 def normalized(plan: str) -> str:
     """A plan's text without what differs between two analyzations of it (:data:`_VOLATILE`)
     and without the source options that leave a replay's partitioning alone."""
-    return _OPTIONS.sub(_partitioning_options, _VOLATILE.sub("#", plan))
+    return _OPTIONS.sub(_partitioning_options, earlier_normalized(plan))
 
 
 def _partitioning_options(found: re.Match[str]) -> str:
@@ -130,7 +140,7 @@ class PlanRecord:
 def replay_refusal(sink_id: str, batch_id: int, checkpoint: str, before: Plan, now: Plan) -> str | None:
     """Why batch ``batch_id``, planned by ``before`` and not complete, cannot be replayed by
     ``now`` with a sink that commits in its tasks, and the way out; None when it can."""
-    if before.fingerprint != now.fingerprint:
+    if before.fingerprint not in (now.fingerprint, now.earlier):
         return (f"sink {sink_id} batch {batch_id}: the query's plan changed while batch {batch_id} was planned and not "
                 f"complete (checkpoint {checkpoint}). This sink commits in its tasks, so part of batch {batch_id} may be "
                 "committed per partition, and a replay with another partitioning would write rows twice or skip them. "
