@@ -80,16 +80,14 @@ class Pending(Generic[T]):
         for the calls it holds)."""
         global _stuck
         if not self._done.wait(seconds):
-            with _stuck_lock:
+            with _stuck_lock:  # the call may return meanwhile: then its outcome is taken below
                 if not self._done.is_set():
                     if not self._abandoned:
                         self._abandoned = True
                         _stuck += 1
-                    held = _stuck
-            if not self._done.is_set():
-                leaving = (f"; this process holds {held} stuck calls and exits at its next task" if held >= STUCK_CAP
-                           else "")
-                raise StallError(f"{self.what} waited {seconds:.0f} s without an answer{leaving}")
+                    leaving = (f"; this process holds {_stuck} stuck calls and exits at its next task"
+                               if _stuck >= STUCK_CAP else "")
+                    raise StallError(f"{self.what} waited {seconds:.0f} s without an answer{leaving}")
         ok, value = self._outcome[0]
         if ok:
             return value  # type: ignore[no-any-return]

@@ -230,7 +230,7 @@ class BatchWatchdog:
                 return
             if planned is None or planned == completed:
                 pending = None
-                busy = self._planning_for(busy)
+                busy = self._planning_for()
                 if busy is not None and busy[1] > max(self.timeout_s, PLANNING_FLOOR_S):
                     self._stalled(completed if completed is not None else -1, busy[1],
                                   f"query {self.name}: its trigger has run {busy[1]:.0f} s without planning a batch "
@@ -247,7 +247,7 @@ class BatchWatchdog:
                                                f"after {waited:.0f} s (batch timeout {self.timeout_s:.0f} s)")
                 return
 
-    def _planning_for(self, busy: tuple[str, float] | None) -> tuple[str, float] | None:
+    def _planning_for(self) -> tuple[str, float] | None:
         """With no batch pending: what Spark's running trigger does (its status message) and how
         long it has run without a progress report (Spark reports a trigger that found no data
         every ``noDataProgressEventInterval``, 10 s); None while no trigger runs. A source call
@@ -256,7 +256,7 @@ class BatchWatchdog:
             status = self.query.status
             progress = self.query.lastProgress
         except Exception:  # noqa: BLE001 - a session going away: the loop's own look decides
-            return busy
+            return None
         if not status.get("isTriggerActive"):
             return None
         since = self._started
