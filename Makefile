@@ -59,13 +59,14 @@ pytest: install
 	. .oncekit/engine.env && ONCEKIT_TEST_BACKEND=$${ONCEKIT_TEST_BACKEND:-containers} $(PY) -m pytest $(PYTEST_ARGS)
 
 # Every campaign at full size, beside the suite (not in CI): the randomized campaigns with 100
-# faults each, a 30-minute soak, and the standby, fan-out and three-broker campaigns as in the
-# suite. The seed is drawn and printed as in make test (ONCEKIT_VERIFY_SEED to repeat a run).
+# faults each, a 30-minute soak, the standby campaign for all three of its pipelines (the suite
+# draws two), and the fan-out and three-broker campaigns as in the suite. The seed is drawn and
+# printed as in make test (ONCEKIT_VERIFY_SEED to repeat a run).
 CAMPAIGNS := tests/eos/test_verify_campaign.py tests/eos/test_soak.py tests/eos/test_standby.py tests/eos/test_kafka_cluster.py
 
 test-long: install broker engine
 	. .oncekit/engine.env && ONCEKIT_TEST_BACKEND=$${ONCEKIT_TEST_BACKEND:-containers} ONCEKIT_VERIFY_FAULTS=100 \
-		ONCEKIT_SOAK_S=1800 $(PY) -m pytest $(PYTEST_ARGS) $(CAMPAIGNS)
+		ONCEKIT_SOAK_S=1800 ONCEKIT_STANDBY_RUNS=3 $(PY) -m pytest $(PYTEST_ARGS) $(CAMPAIGNS)
 
 # Quix Streams, a peer in the benchmarks (the bench extra), runs in a venv of its own: it pins
 # confluent-kafka below the version the kit's sinks need. Spark's Kafka connector, another peer,
