@@ -325,7 +325,7 @@ def reference_pipeline(services: Services, options: Options) -> Table:
         f"5. Reference pipeline (reference/): payments over {ACCOUNTS:,} accounts ({DUPLICATES:.0%} upstream "
         f"duplicates, {LATE:.0%} late, {MALFORMED:.1%} malformed), {options.partitions} partitions",
         COLUMNS, (), "",
-        notes=["One query: Kafka payments -> dedup (JVM) -> transformWithStateInPandas by bucket of accounts -> fan-out "
+        notes=["One query: Kafka payments -> dedup (JVM) -> applyInPandasWithState by bucket of accounts -> fan-out "
                "to balances (PostgreSQL 2PC), balance updates (Kafka transactional), minute totals, late events and dead letters "
                "(PostgreSQL idempotent). Every run is checked line by line as `oncekit demo` checks its report.",
                f"Sustained: {options.records:,} payment events, timed from the query's start to its end, after a "

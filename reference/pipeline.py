@@ -9,7 +9,7 @@ under ``<checkpoint>/pipeline``; each row carries the name of its target:
   type) with the reason, into PostgreSQL (idempotent, keyed by Kafka partition and offset).
 - ``balances``: well-formed payments, deduplicated by event id in the JVM (Spark's
   ``dropDuplicatesWithinWatermark`` on the Kafka record time, ``dedup_ttl_s``), through
-  :class:`~oncekit.reference.processor.PaymentProcessor` (transformWithStateInPandas, keyed by a bucket of accounts):
+  :class:`~oncekit.reference.processor.PaymentProcessor` (applyInPandasWithState, keyed by a bucket of accounts):
   each account's running balance into PostgreSQL with two-phase commit ...
 - ``balance_updates``: ... and the same balance rows into a Kafka topic, with Kafka transactions.
 - ``minute_totals``: per account and event-time minute, the total of on-time payments into
@@ -181,12 +181,12 @@ class ReferencePipeline:
         keys; payments are grouped by ``account mod buckets``, never negative), with their
         numeric fields 0 instead of NULL so that the processor's pandas columns stay int64 (a
         NULL would turn a column into floats and large amounts inexact). The processor runs as
-        transformWithStateInPandas in Append mode (the kit's sinks take appends): each row it
+        applyInPandasWithState in append mode (the kit's sinks take appends): each row it
         emits is a fact of its batch, and the sinks turn balance and total rows into upserts by
         key."""
         from pyspark.sql import functions as F
 
-        from oncekit.reference.processor import PROCESSED_SCHEMA, PaymentProcessor
+        from oncekit.reference.processor import PROCESSED_SCHEMA, STATE_SCHEMA, PaymentProcessor
 
         run = self.config.pipeline
         good = F.col("reason").isNull()
@@ -200,9 +200,9 @@ class ReferencePipeline:
                    .select("group_key", *(F.coalesce(name, F.lit(0)).alias(name)
                                           for name in ("account_id", "amount_cents", "event_ms")),
                            "event_id", "kafka_partition", "kafka_offset", "raw", "reason"))
-        return records.groupBy("group_key").transformWithStateInPandas(
-            statefulProcessor=PaymentProcessor(run.allowed_lateness_s * 1000), outputStructType=PROCESSED_SCHEMA,
-            outputMode="Append", timeMode="None")
+        return records.groupBy("group_key").applyInPandasWithState(
+            PaymentProcessor(run.allowed_lateness_s * 1000), outputStructType=PROCESSED_SCHEMA,
+            stateStructType=STATE_SCHEMA, outputMode="append", timeoutConf="NoTimeout")
 
     def routed(self, spark: SparkSession) -> DataFrame:
         """Every output row of one batch in one frame, with the name of its target in ``target``
@@ -251,7 +251,7 @@ class ReferencePipeline:
 
         run = self.config.pipeline
         operators = ("parse", f"dropDuplicatesWithinWatermark:event_id:kafka_ts:ttl={run.dedup_ttl_s}",
-                     f"transformWithStateInPandas:PaymentProcessor:v{PROCESSOR_VERSION}:lateness={run.allowed_lateness_s}"
+                     f"applyInPandasWithState:PaymentProcessor:v{PROCESSOR_VERSION}:lateness={run.allowed_lateness_s}"
                      f":buckets={run.buckets}")
         return [QuerySpec("pipeline", self.routed(spark), self.sink(), "append", operators)]
 

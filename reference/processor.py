@@ -1,6 +1,6 @@
 """The reference pipeline's stateful step: :class:`PaymentProcessor`, Spark's
-transformWithStateInPandas keyed by a bucket of accounts. Runs in Spark's Python workers;
-importing this module imports pyspark, pandas and numpy.
+applyInPandasWithState keyed by a bucket of accounts. Runs in Spark's Python workers; importing
+this module imports pandas and numpy.
 
 Why one processor does balance and event time, rather than a windowed aggregation: the producer
 keys payments by account, so an account's events sit in one Kafka partition in a fixed order.
@@ -12,17 +12,21 @@ rows without a side output. Here the watermark is per account (newest event time
 is final and leaves the state. Duplicates are dropped before, in the JVM (see
 :meth:`ReferencePipeline.processed`).
 
-Why buckets of accounts, and columns instead of rows: Spark's Python side of transformWithState
-costs a fixed few milliseconds per grouping key and batch (a frame in, a frame converted to
-Arrow out, state round trips to the JVM), and its row API builds a pyspark ``Row`` per input and
-output row, cell by cell. Keyed by account that fixed cost is paid for every account in every
-batch; keyed by bucket (``account mod buckets``, :meth:`ReferencePipeline.processed`) it is paid
-``buckets`` times, and :func:`process` handles a bucket's rows of a batch with numpy over whole
-columns. Each account's rules are unchanged: its payments are taken in (partition, offset) order
-and its clock before a payment is the running maximum of the stored clock and the event times
-before it, so the accounts sharing a bucket do not see each other. A bucket's whole state (per
-account: balance, payment count, clock; per open minute: total and count) is one ValueState,
-read once and written once per batch.
+Why buckets of accounts, columns instead of rows, and applyInPandasWithState rather than
+transformWithStateInPandas: Spark's Python side of a stateful step costs a fixed few
+milliseconds per grouping key and batch, so keyed by account that cost is paid for every
+account in every batch; keyed by bucket (``account mod buckets``,
+:meth:`ReferencePipeline.processed`) it is paid ``buckets`` times, and :func:`process` handles a
+bucket's rows of a batch with numpy over whole columns. applyInPandasWithState hands each group
+its rows as a slice of the Arrow batch converted to pandas a column at a time, with the group's
+state beside them; PySpark 4.3's transformWithStateInPandas turns every input row into a
+Python tuple and rebuilds the frames from those tuples, which cost its worker about 10 us per
+row, most of the processor's time (``make bench`` group 5; the profile is in issue 37's note).
+Each account's rules are unchanged: its payments are taken in (partition, offset) order and its
+clock before a payment is the running maximum of the stored clock and the event times before
+it, so the accounts sharing a bucket do not see each other. A bucket's whole state (per account:
+balance, payment count, clock; per open minute: total and count) is one state value, read once
+and written once per batch.
 
 Balances count every unique well-formed payment, late ones included (money is money); only
 the per-minute totals leave late payments out, and the side output lists them.
@@ -36,12 +40,13 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle, TimerValues
+from pyspark.sql.streaming.state import GroupState
 
-PROCESSOR_VERSION = 5
+PROCESSOR_VERSION = 6
 """Part of every query's fingerprint: bump it when the processor's state layout changes, so
-that restoring an old savepoint is refused instead of misreading state (5: one state per bucket
-of accounts; 3: one per account)."""
+that restoring an old savepoint is refused instead of misreading state (6: applyInPandasWithState,
+one state per bucket; 5: transformWithStateInPandas, one state per bucket of accounts; 3: one
+per account)."""
 
 PROCESSED_SCHEMA = (
     "kind string, account_id bigint, balance_cents bigint, events bigint, minute_ms bigint, total_cents bigint, "
@@ -55,9 +60,9 @@ INPUT_COLUMNS = ("account_id", "event_id", "amount_cents", "event_ms", "kafka_pa
 """The columns the processor reads (by name). ``reason`` is NULL for a payment; for any other
 record the numeric columns hold 0, never NULL, so that they reach pandas as exact int64."""
 
-STATE_SCHEMA = ("accounts array<bigint>, balances array<bigint>, events array<bigint>, clocks array<bigint>, "
-                "minute_accounts array<bigint>, minutes array<bigint>, minute_totals array<bigint>, "
-                "minute_events array<bigint>")
+STATE_SCHEMA = "bucket binary"
+"""A bucket's state: :meth:`BucketState.dump`'s bytes. (PySpark 4.3's worker cannot read an
+applyInPandasWithState state schema with array columns: ``KeyError: 'elementType'``.)"""
 
 MINUTE_MS = 60_000
 NO_CLOCK = np.iinfo(np.int64).min
@@ -84,16 +89,20 @@ class BucketState:
 
     @classmethod
     def load(cls, stored: tuple[Any, ...] | None) -> BucketState:
-        """From the ValueState's value (None: a bucket that has seen no payment)."""
+        """From the group state's value (None: a bucket that has seen no payment)."""
         if stored is None:
             return cls(*(np.zeros(0, dtype=np.int64) for _ in range(8)))
-        return cls(*(np.asarray(column, dtype=np.int64) for column in stored))
+        values = np.frombuffer(stored[0], dtype="<i8")
+        accounts, minutes = int(values[0]), int(values[1])
+        ends = np.cumsum([2] + [accounts] * 4 + [minutes] * 4)
+        return cls(*(values[start:end].astype(np.int64) for start, end in zip(ends[:-1], ends[1:])))
 
-    def dump(self) -> tuple[list[int], ...]:
-        """The ValueState's value (``STATE_SCHEMA``)."""
-        return tuple(np.asarray(column, dtype=np.int64).tolist() for column in (
-            self.accounts, self.balances, self.events, self.clocks,
-            self.minute_accounts, self.minutes, self.minute_totals, self.minute_events))
+    def dump(self) -> tuple[bytes]:
+        """The group state's value (``STATE_SCHEMA``): the number of accounts and of open
+        minutes, then the eight columns, as little-endian int64."""
+        return (np.concatenate([[len(self.accounts), len(self.minutes)], self.accounts, self.balances, self.events,
+                                self.clocks, self.minute_accounts, self.minutes, self.minute_totals,
+                                self.minute_events]).astype("<i8").tobytes(),)
 
 
 def _starts(*keys: np.ndarray) -> np.ndarray:
@@ -116,7 +125,7 @@ def process(state: BucketState, rows: pd.DataFrame, lateness_ms: int) -> tuple[B
     new state and the output rows (``PROCESSED_SCHEMA``): ``dead`` rows in (partition, offset)
     order, ``late`` payments, one ``balance`` per account with payments in the batch, one
     ``total`` per (account, minute) with on-time payments in the batch. Called by
-    :meth:`PaymentProcessor.handleInputRows`, and by the unit tests."""
+    :class:`PaymentProcessor`, and by the unit tests."""
     dead = rows["reason"].notna().to_numpy()
     bad = rows[dead].sort_values(["kafka_partition", "kafka_offset"], kind="stable")
     paid = rows[~dead]
@@ -185,41 +194,40 @@ def process(state: BucketState, rows: pd.DataFrame, lateness_ms: int) -> tuple[B
 
 def _frame(sections: list[tuple[str, int, dict[str, np.ndarray]]]) -> pd.DataFrame:
     """The output frame: each section's rows of one kind with the columns it gives, the rest
-    NULL; columns in ``PROCESSED_SCHEMA``'s order and labelled by position (Spark takes integer
-    labels by position; string labels would make it reorder every frame by name first)."""
-    columns: dict[int, Any] = {}
-    for position, name in enumerate(_OUTPUT):
+    NULL; columns in ``PROCESSED_SCHEMA``'s order and labelled by name (applyInPandasWithState
+    concatenates a batch's frames by label with frames of its own labelled by name)."""
+    columns: dict[str, Any] = {}
+    for name in _OUTPUT:
         if name == "kind":
-            columns[position] = np.concatenate([np.full(n, kind, dtype=object) for kind, n, _ in sections])
+            columns[name] = np.concatenate([np.full(n, kind, dtype=object) for kind, n, _ in sections])
         elif name in _STRINGS:
-            columns[position] = np.concatenate(
+            columns[name] = np.concatenate(
                 [np.asarray(given[name], dtype=object) if name in given else np.full(n, None, dtype=object)
                  for _, n, given in sections])
         else:
             values = np.concatenate([np.asarray(given[name], dtype=np.int64) if name in given else np.zeros(n, np.int64)
                                      for _, n, given in sections])
             null = np.concatenate([np.full(n, name not in given) for _, n, given in sections])
-            columns[position] = pd.arrays.IntegerArray(
+            columns[name] = pd.arrays.IntegerArray(
                 values.astype(np.int32) if name == "kafka_partition" else values, null)
     return pd.DataFrame(columns, copy=False)
 
 
-class PaymentProcessor(StatefulProcessor):
-    """Keyed by bucket (``account mod buckets``; records that are not a payment: by a negative
-    key per partition, and passed on as ``dead`` rows). Per batch, each account's payments in
-    Kafka offset order: add each to the balance, and split them into on-time (added to their
-    minute's total) and late (older than the account's watermark, emitted as ``late``). Emits one
-    ``balance`` row per account and one ``total`` row per minute touched in the batch; minutes the
-    watermark has passed are final and leave the state (:func:`process`). Runs in Spark's Python
-    workers; every decision depends only on each account's log order."""
+class PaymentProcessor:
+    """The function applyInPandasWithState calls once per group and batch, keyed by bucket
+    (``account mod buckets``; records that are not a payment: by a negative key per partition,
+    and passed on as ``dead`` rows). Per batch, each account's payments in Kafka offset order:
+    add each to the balance, and split them into on-time (added to their minute's total) and late
+    (older than the account's watermark, emitted as ``late``). Emits one ``balance`` row per
+    account and one ``total`` row per minute touched in the batch; minutes the watermark has
+    passed are final and leave the state (:func:`process`). Runs in Spark's Python workers; every
+    decision depends only on each account's log order. Reads the group's state once and writes
+    it once per batch, and only for payments."""
 
     def __init__(self, allowed_lateness_ms: int) -> None:
         self.allowed_lateness_ms = allowed_lateness_ms
 
-    def init(self, handle: StatefulProcessorHandle) -> None:
-        self.bucket = handle.getValueState("bucket", STATE_SCHEMA)
-
-    def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues) -> Iterator[pd.DataFrame]:
+    def __call__(self, key: tuple[Any, ...], rows: Iterator[pd.DataFrame], state: GroupState) -> Iterator[pd.DataFrame]:
         frames = [frame for frame in rows if len(frame)]
         if not frames:
             return
@@ -227,9 +235,7 @@ class PaymentProcessor(StatefulProcessor):
         if batch["reason"].notna().all():  # only records that are not payments: no state
             yield process(BucketState.load(None), batch, self.allowed_lateness_ms)[1]
             return
-        state, output = process(BucketState.load(self.bucket.get()), batch, self.allowed_lateness_ms)
-        self.bucket.update(state.dump())
+        stored = BucketState.load(state.get if state.exists else None)
+        updated, output = process(stored, batch, self.allowed_lateness_ms)
+        state.update(updated.dump())
         yield output
-
-    def close(self) -> None:
-        pass

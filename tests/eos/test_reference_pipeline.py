@@ -131,7 +131,7 @@ def test_savepoint_while_input_flows_restored_with_4_state_partitions_and_a_new_
     """The story of a growing job: run with 2 state partitions on a 1 s trigger, take a
     savepoint while payments are being produced, add a partition to the payments topic, restore
     with 4 state partitions (Spark repartitions the dropDuplicatesWithinWatermark and
-    transformWithStateInPandas state), continue; payments after the restore land in the new
+    applyInPandasWithState state), continue; payments after the restore land in the new
     partition too and are read from its offset 0. The report is exactly once and no prepared
     transaction is left. Later payments are produced once the restored pipeline has drained the
     earlier ones, so each account's payments keep their order (its partition changes when the

@@ -1,65 +1,84 @@
 """The reference pipeline's stateful step (:class:`oncekit.reference.processor.PaymentProcessor`)
-without Spark: its ``handleInputRows`` driven with pandas frames as transformWithStateInPandas
-hands them over (a bucket's rows of a batch in any order, in one or several frames), its
-ValueState replaced by a fake, and its output checked against the rules applied one row at a
-time (the former row-API processor, per account)."""
+without Spark: called with pandas frames as applyInPandasWithState hands them over (a bucket's
+rows of a batch in any order, in one or several frames), its GroupState replaced by a fake, and
+its output checked against the rules applied one row at a time (the former row-API processor,
+per account)."""
 
 from __future__ import annotations
 
 import json
 import random
+import warnings
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from oncekit.reference.processor import INPUT_COLUMNS, PROCESSED_SCHEMA, PaymentProcessor
+from oncekit.reference.processor import INPUT_COLUMNS, PROCESSED_SCHEMA, BucketState, PaymentProcessor
 
 LATENESS_MS = 10_000
 M = 1_700_000_040_000  # a minute's start
 OUTPUT = tuple(field.split()[0] for field in PROCESSED_SCHEMA.split(", "))
 
 
-class FakeValueState:
-    """The ValueState calls the processor may make, counted; values kept as Spark would return
+class FakeGroupState:
+    """The GroupState calls the processor may make, counted; values kept as Spark would return
     them (a tuple of lists)."""
 
     def __init__(self) -> None:
         self.value: tuple[Any, ...] | None = None
         self.calls = 0
 
-    def get(self) -> tuple[Any, ...] | None:
+    @property
+    def exists(self) -> bool:
+        return self.value is not None
+
+    @property
+    def get(self) -> tuple[Any, ...]:
         self.calls += 1
+        assert self.value is not None, "GroupState.get of a group without state raises in Spark"
         return self.value
 
     def update(self, value: tuple[Any, ...]) -> None:
         self.calls += 1
-        assert all(isinstance(column, list) and all(type(v) is int for v in column) for column in value), value
-        self.value = tuple(json.loads(json.dumps(value)))  # what survives Spark's round trip
+        assert len(value) == 1 and type(value[0]) is bytes, value  # STATE_SCHEMA: one binary column
+        self.value = value
 
 
 class Bucketed:
-    """One processor per grouping key with its own state, as Spark keeps state per key."""
+    """One processor call per grouping key with its own state, as Spark keeps state per key."""
 
     def __init__(self) -> None:
-        self.states: dict[int, FakeValueState] = {}
+        self.states: dict[int, FakeGroupState] = {}
 
     def run(self, key: int, *frames: pd.DataFrame) -> list[dict[str, Any]]:
-        state = self.states.setdefault(key, FakeValueState())
-        processor = PaymentProcessor(LATENESS_MS)
-        processor.bucket = state  # type: ignore[assignment]  # what init() gets from the handle
+        state = self.states.setdefault(key, FakeGroupState())
         before = state.calls
-        out = list(processor.handleInputRows((key,), iter(frames), None))  # type: ignore[arg-type]
+        out = list(PaymentProcessor(LATENESS_MS)((key,), iter(frames), state))  # type: ignore[arg-type]
         assert state.calls - before <= 2  # one get, at most one update
         assert len(out) <= 1  # one frame per key and batch
         return [row for frame in out for row in records(frame)]
 
 
+def stored(bucketed: Bucketed, key: int) -> tuple[list[int], ...]:
+    """A bucket's stored state, column by column (accounts, balances, events, clocks, then the
+    open minutes' accounts, minutes, totals and counts)."""
+    state = BucketState.load(bucketed.states[key].value)
+    return tuple(column.tolist() for column in (state.accounts, state.balances, state.events, state.clocks,
+                                                state.minute_accounts, state.minutes, state.minute_totals,
+                                                state.minute_events))
+
+
 def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
     """The rows of an output frame with NULL as None and numbers as int, read as the worker
-    converts it to Arrow (the columns by position: the frame's labels are their positions)."""
-    assert list(frame.columns) == list(range(len(OUTPUT)))
+    converts it to Arrow (the columns by name)."""
+    assert list(frame.columns) == list(OUTPUT)
+    # as PySpark 4.3's worker does: the batch's frames concatenated, by label, with padding rows
+    # of its own labelled by the schema's names (pandas warns of that concatenation's future)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        frame = pd.concat([frame, pd.DataFrame(dict.fromkeys(OUTPUT), index=[])], ignore_index=True)
     from pyspark.sql.conversion import PandasToArrowConversion
     from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
 
@@ -109,7 +128,7 @@ def test_two_batches_late_payments_minutes_and_dead_rows() -> None:
         row("total", account_id=7, minute_ms=M, total_cents=125, events=2),
         row("total", account_id=7, minute_ms=M + 60_000, total_cents=200, events=1),
     ])
-    accounts, balances, events, clocks, minute_accounts, minutes, totals, counts = bucketed.states[3].value or ()
+    accounts, balances, events, clocks, minute_accounts, minutes, totals, counts = stored(bucketed, 3)
     assert (accounts, balances, events, clocks) == ([3, 7], [9, 375], [1, 4], [M, M + 65_000])
     assert list(zip(minute_accounts, minutes, totals, counts)) == [
         (3, M, 9, 1), (7, M, 125, 2), (7, M + 60_000, 200, 1)]
@@ -135,7 +154,7 @@ def test_two_batches_late_payments_minutes_and_dead_rows() -> None:
         row("total", account_id=7, minute_ms=M + 120_000, total_cents=13, events=2),
     ])
     # 7's minutes M and M+60 s end at or before its watermark M+120 s: final, out of the state
-    accounts, balances, events, clocks, minute_accounts, minutes, totals, counts = bucketed.states[3].value or ()
+    accounts, balances, events, clocks, minute_accounts, minutes, totals, counts = stored(bucketed, 3)
     assert (accounts, balances, events, clocks) == ([3, 7], [9, 389], [1, 7], [M, M + 130_000])
     assert list(zip(minute_accounts, minutes, totals, counts)) == [(3, M, 9, 1), (7, M + 120_000, 13, 2)]
 
