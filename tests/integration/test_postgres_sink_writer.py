@@ -200,3 +200,28 @@ def test_postgres_sink_on_conflict_nothing_keeps_first_row_of_key(
     run_batch(config, str(tmp_path), 0, {0: [rows([1, 2], "first"), rows([2, 3], "second")]})
     run_batch(config, str(tmp_path), 1, {0: [rows([3, 4], "third")]})
     assert content(postgres_dsn, unique_name) == [(1, "first"), (2, "first"), (3, "second"), (4, "third")]
+
+
+@pytest.mark.parametrize("zone", ["America/New_York", "UTC", "Etc/UTC"])
+def test_postgres_sink_timestamps_arrive_as_the_same_instants(
+    postgres_dsn: str, unique_name: str, tmp_path: Path, zone: str,
+) -> None:
+    """A zoned timestamp is the same instant in a timestamptz column and its wall time in its
+    zone (Spark's session time zone, as Spark's JDBC writer does) in a timestamp column; a naive
+    one is its wall time; NULL stays NULL."""
+    from datetime import datetime, timezone
+    from zoneinfo import ZoneInfo
+
+    create_table(postgres_dsn, unique_name, "id int NOT NULL, zoned timestamptz, zoned_wall timestamp, naive timestamp")
+    config = postgres_sink(postgres_dsn, unique_name, "at-least-once", columns=("id", "zoned", "zoned_wall", "naive"))
+    config.build(str(tmp_path)).preflight()
+    micros = [1_700_000_000_123_456, None, 0]
+    zoned = pa.array(micros, pa.timestamp("us", tz=zone))
+    batch = pa.record_batch([pa.array([1, 2, 3], pa.int32()), zoned, zoned, pa.array(micros, pa.timestamp("us"))],
+                            names=["id", "zoned", "zoned_wall", "naive"])
+    run_batch(config, str(tmp_path), 0, {0: [batch]})
+    instants = [datetime(2023, 11, 14, 22, 13, 20, 123456, timezone.utc), datetime(1970, 1, 1, tzinfo=timezone.utc)]
+    want = [(1, instants[0], instants[0].astimezone(ZoneInfo(zone)).replace(tzinfo=None), instants[0].replace(tzinfo=None)),
+            (2, None, None, None),
+            (3, instants[1], instants[1].astimezone(ZoneInfo(zone)).replace(tzinfo=None), instants[1].replace(tzinfo=None))]
+    assert content(postgres_dsn, unique_name) == want
