@@ -10,12 +10,12 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo test test-long bench docs install broker engine browser typecheck pytest clean
+.PHONY: demo test test-long bench docs install broker connector engine browser typecheck pytest clean
 
 demo: install broker
 	$(VENV)/bin/oncekit demo
 
-test: install broker engine browser typecheck pytest
+test: install broker connector engine browser typecheck pytest
 
 install: $(STAMP)
 
@@ -41,6 +41,11 @@ browser:
 	docker/chromium/setup.sh
 
 # A container engine for testcontainers: Docker if one answers, else Podman with locally built images.
+# Spark's own Kafka connector (spark-sql-kafka-0-10) for the installed pyspark, from Maven
+# Central: the crash-point tests and the benchmarks read through it as well as the kit's source.
+connector: install
+	docker/spark-kafka/fetch.sh "$$($(PY) -c 'import pyspark; print(pyspark.__version__)')" >/dev/null
+
 engine:
 	docker/podman/setup.sh
 
@@ -60,13 +65,15 @@ pytest: install
 
 # Every campaign at full size, beside the suite (not in CI): the randomized campaigns with 100
 # faults each, a 30-minute soak, the standby campaign for all three of its pipelines (the suite
-# draws two), and the fan-out and three-broker campaigns as in the suite. The seed is drawn and
+# draws two), the fan-out and three-broker campaigns as in the suite, and every crash-point case
+# with each source connector (the suite draws one per case). The seed is drawn and
 # printed as in make test (ONCEKIT_VERIFY_SEED to repeat a run).
-CAMPAIGNS := tests/eos/test_verify_campaign.py tests/eos/test_soak.py tests/eos/test_standby.py tests/eos/test_kafka_cluster.py
+CAMPAIGNS := tests/eos/test_verify_campaign.py tests/eos/test_soak.py tests/eos/test_standby.py tests/eos/test_kafka_cluster.py \
+	tests/eos/test_kafka_sinks.py tests/eos/test_postgres_sinks.py
 
-test-long: install broker engine
+test-long: install broker connector engine
 	. .oncekit/engine.env && ONCEKIT_TEST_BACKEND=$${ONCEKIT_TEST_BACKEND:-containers} ONCEKIT_VERIFY_FAULTS=100 \
-		ONCEKIT_SOAK_S=1800 ONCEKIT_STANDBY_RUNS=3 $(PY) -m pytest $(PYTEST_ARGS) $(CAMPAIGNS)
+		ONCEKIT_SOAK_S=1800 ONCEKIT_STANDBY_RUNS=3 ONCEKIT_CRASH_CONNECTORS=both $(PY) -m pytest $(PYTEST_ARGS) $(CAMPAIGNS)
 
 # Quix Streams, a peer in the benchmarks (the bench extra), runs in a venv of its own: it pins
 # confluent-kafka below the version the kit's sinks need. Spark's Kafka connector, another peer,
@@ -77,8 +84,7 @@ QUIX_STAMP := $(QUIX_VENV)/.installed-stamp
 BENCH_EXTRA = $(PY) -c 'import sys; toml = __import__("tomllib" if sys.version_info >= (3, 11) else "tomli"); \
 	print(" ".join(toml.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["bench"]))'
 
-bench: install broker engine $(QUIX_STAMP)
-	docker/spark-kafka/fetch.sh "$$($(PY) -c 'import pyspark; print(pyspark.__version__)')" >/dev/null
+bench: install broker connector engine $(QUIX_STAMP)
 	benchmarks/jvm/build.sh kafka-streams
 	benchmarks/jvm/build.sh flink
 	. .oncekit/engine.env && $(PY) -m benchmarks --quix-python $(QUIX_VENV)/bin/python $(BENCH_ARGS)

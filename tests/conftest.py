@@ -67,7 +67,12 @@ def spark() -> Iterator[Any]:
     from oncekit.core.spark.session import spark_session
     from oncekit.sources.kafka import register
 
-    session = spark_session("oncekit-tests", conf={"spark.ui.enabled": "false"})
+    # Spark's own Kafka connector too (the crash-point tests read through either), fetched by
+    # make test before pytest starts (docker/spark-kafka/fetch.sh)
+    from benchmarks.environment import spark_kafka_connector
+
+    session = spark_session("oncekit-tests", conf={"spark.ui.enabled": "false",
+                                                   "spark.jars": ",".join(spark_kafka_connector().jars)})
     register(session)
     yield session
     session.stop()

@@ -79,12 +79,15 @@ class PipelineContext:
         return KafkaConfig(self.bootstrap_servers, self.kafka_client)
 
 
-def integers(spark: Any, kafka: KafkaConfig, topic: str, per_batch: int = PER_BATCH, starting: str = "earliest") -> Any:
-    """The stream: one row (id, payload) per well-formed input record; malformed ones are dropped."""
+def integers(spark: Any, kafka: KafkaConfig, topic: str, per_batch: int = PER_BATCH, starting: str = "earliest",
+             connector: str = "oncekit") -> Any:
+    """The stream: one row (id, payload) per well-formed input record; malformed ones are dropped.
+    ``connector``: who reads the topic (:func:`oncekit.sources.kafka.kafka_stream`)."""
     from oncekit.sources.kafka import kafka_stream
 
     return kafka_stream(spark, kafka.bootstrap_servers, topic, max_offsets_per_trigger=per_batch,
-                        starting_offsets=starting, **{f"kafka.{k}": str(v) for k, v in kafka.client.items()}).selectExpr(
+                        starting_offsets=starting, connector=connector,
+                        **{f"kafka.{k}": str(v) for k, v in kafka.client.items()}).selectExpr(
         "TRY_CAST(CAST(value AS STRING) AS INT) AS id", "CAST(value AS STRING) AS payload").where("id IS NOT NULL")
 
 

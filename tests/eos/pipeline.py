@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import random
 from typing import Any
 
 from oncekit.core.spark.query import OncekitQuery, start_query
@@ -15,6 +17,27 @@ from oncekit.verify import (  # noqa: F401  (re-exported for the tests)
     read_committed,
     table_ids,
 )
+
+
+CONNECTORS = ("oncekit", "spark")
+"""Who reads the input topic in the crash-point tests: the kit's source or Spark's own."""
+
+
+def with_connectors(cases: list[tuple[str, str]]) -> list[tuple[str, str, str]]:
+    """The crash-point cases, each with the connector(s) that read its input: with
+    ``ONCEKIT_CRASH_CONNECTORS=both`` (``make test-long``) every case with each connector; else
+    (``make test``) each case with one, drawn from the run's seed, so that runs cover both."""
+    both = os.environ.get("ONCEKIT_CRASH_CONNECTORS", "drawn") == "both"
+    seed = os.environ["ONCEKIT_VERIFY_SEED"]
+    return [(protocol, point, connector) for protocol, point in cases
+            for connector in (CONNECTORS if both else [random.Random(f"{seed}:{protocol}:{point}").choice(CONNECTORS)])]
+
+
+def read_by(query: OncekitQuery) -> str:
+    """Which connector read a finished query's input: Spark's source names itself KafkaV2 in
+    the query's progress, the kit's by its format."""
+    description = query.recentProgress[-1]["sources"][0]["description"]
+    return "spark" if description.startswith("KafkaV2") else "oncekit"
 
 
 def run_available_now(frame: Any, sink: SinkConfig, checkpoint: str, notify: bool = False) -> OncekitQuery:

@@ -15,7 +15,8 @@ from oncekit.core.crash import POINTS, arm, fired
 from oncekit.core.errors import ConfigError
 from oncekit.sinks.kafka import kafka_sink
 from oncekit.verify import compare
-from tests.eos.pipeline import COUNT, PER_BATCH, integers, produce_input, read_committed, run_available_now
+from tests.eos.pipeline import (COUNT, PER_BATCH, integers, produce_input, read_committed, run_available_now,
+                                read_by, with_connectors)
 
 pytestmark = [pytest.mark.services, pytest.mark.spark]
 
@@ -35,9 +36,10 @@ def as_values(frame: Any) -> Any:
     return frame.selectExpr("CAST(id AS STRING) AS key", "CAST(id AS STRING) AS value")
 
 
-@pytest.mark.parametrize(("protocol", "point"), CASES)
+@pytest.mark.parametrize(("protocol", "point", "connector"), with_connectors(CASES))
 def test_kafka_sink_crash_once_then_restart_is_exactly_once(
     spark: Any, kafka: KafkaConfig, topic: str, tmp_path: Path, crash_dir: Path, protocol: str, point: str,
+    connector: str,
 ) -> None:
     expected = produce_input(kafka, topic, COUNT)
     out = f"{topic}-out"
@@ -47,9 +49,10 @@ def test_kafka_sink_crash_once_then_restart_is_exactly_once(
     arm(crash_dir, point, batch_id=1)
 
     with pytest.raises(Exception):
-        run_available_now(as_values(integers(spark, kafka, topic, PER_BATCH)), sink, checkpoint)
+        run_available_now(as_values(integers(spark, kafka, topic, PER_BATCH, connector=connector)), sink, checkpoint)
     assert fired(crash_dir) == [point]
-    run_available_now(as_values(integers(spark, kafka, topic, PER_BATCH)), sink, checkpoint)
+    query = run_available_now(as_values(integers(spark, kafka, topic, PER_BATCH, connector=connector)), sink, checkpoint)
+    assert read_by(query) == connector
 
     verdict = compare(expected, output(kafka, out, COUNT))
     assert verdict.exactly_once, verdict.summary()

@@ -17,7 +17,8 @@ from oncekit.core.crash import POINTS, arm, fired
 from oncekit.core.spark.query import CheckpointListener, start_query
 from oncekit.sinks.postgres import postgres_sink
 from oncekit.verify import compare
-from tests.eos.pipeline import COUNT, PER_BATCH, integers, prepared_transactions, produce_input, run_available_now, table_ids
+from tests.eos.pipeline import (COUNT, PER_BATCH, integers, prepared_transactions, produce_input, run_available_now,
+                                table_ids, read_by, with_connectors)
 
 pytestmark = [pytest.mark.services, pytest.mark.spark]
 
@@ -35,10 +36,10 @@ def create_table(dsn: str, name: str, keyed: bool) -> None:
         conn.execute(f"CREATE TABLE {name} (id int {'PRIMARY KEY' if keyed else 'NOT NULL'}, payload text NOT NULL)")
 
 
-@pytest.mark.parametrize(("protocol", "point"), CASES)
+@pytest.mark.parametrize(("protocol", "point", "connector"), with_connectors(CASES))
 def test_postgres_sink_crash_once_then_restart_is_exactly_once(
     spark: Any, kafka: KafkaConfig, postgres_dsn: str, topic: str, unique_name: str, tmp_path: Path,
-    crash_dir: Path, protocol: str, point: str,
+    crash_dir: Path, protocol: str, point: str, connector: str,
 ) -> None:
     expected = produce_input(kafka, topic, COUNT)
     keyed = protocol == "idempotent"
@@ -48,10 +49,11 @@ def test_postgres_sink_crash_once_then_restart_is_exactly_once(
     arm(crash_dir, point, batch_id=1)
 
     with pytest.raises(Exception):
-        run_available_now(integers(spark, kafka, topic, PER_BATCH), sink, checkpoint)
+        run_available_now(integers(spark, kafka, topic, PER_BATCH, connector=connector), sink, checkpoint)
     assert fired(crash_dir) == [point]
 
-    run_available_now(integers(spark, kafka, topic, PER_BATCH), sink, checkpoint)
+    query = run_available_now(integers(spark, kafka, topic, PER_BATCH, connector=connector), sink, checkpoint)
+    assert read_by(query) == connector
     verdict = compare(expected, table_ids(postgres_dsn, unique_name))
     assert verdict.exactly_once, verdict.summary()
     assert prepared_transactions(postgres_dsn) == []
