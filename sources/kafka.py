@@ -342,6 +342,11 @@ def check_partitions(options: KafkaSourceOptions, start: Offsets, marks: Mapping
     logger.warning("%s: %s; skipped", FORMAT, lost)
 
 
+CONNECTORS = ("oncekit", "spark")
+SPARK_CONNECTOR_PACKAGE = "org.apache.spark:spark-sql-kafka-0-10_2.13"
+"""Spark's own Kafka connector, by Maven coordinates without the version (Spark's own)."""
+
+
 def kafka_stream(
     spark: SparkSession,
     bootstrap_servers: str,
@@ -349,9 +354,18 @@ def kafka_stream(
     *,
     max_offsets_per_trigger: int | None = None,
     starting_offsets: str = "earliest",
+    connector: str = "oncekit",
     **options: str,
 ) -> DataFrame:
-    """The typed builder: a streaming DataFrame over ``topics`` (registers the source first).
+    """The typed builder: a streaming DataFrame over ``topics``.
+
+    ``connector`` says who reads: ``"oncekit"``, this module's source (registered first), or
+    ``"spark"``, Spark's own Kafka source (``format("kafka")``, the JVM connector
+    ``org.apache.spark:spark-sql-kafka-0-10_2.13`` of the job's Spark version, which the job puts
+    on its classpath with ``--packages`` or ``spark.jars.packages``), reading with
+    ``kafka.isolation.level=read_committed`` unless ``options`` say otherwise. Both give the same
+    columns, keep their offset ranges in Spark's checkpoint and replay a batch's range exactly,
+    so every kit sink is exactly-once behind either; Spark's reads without a Python worker.
 
     ``starting_offsets`` is where a new checkpoint's first batch starts: ``earliest`` by
     default, unlike Spark's own Kafka source (``latest``), so that a pipeline's first run reads
@@ -359,16 +373,28 @@ def kafka_stream(
     checkpoint has a batch, its offsets decide. ``options`` are further source options
     (``includeHeaders``, ``kafka.security.protocol``...).
     """
-    register(spark)
+    if connector not in CONNECTORS:
+        raise ConfigError(f"kafka_stream: connector {connector!r} is not one of {', '.join(CONNECTORS)}")
+    if connector == "oncekit":
+        register(spark)
+    else:
+        options = {"kafka.isolation.level": "read_committed", **options}
     reader = (
-        spark.readStream.format(FORMAT)
+        spark.readStream.format(FORMAT if connector == "oncekit" else "kafka")
         .option("kafka.bootstrap.servers", bootstrap_servers)
         .option("subscribe", topics if isinstance(topics, str) else ",".join(topics))
         .option("startingOffsets", starting_offsets)
     )
     if max_offsets_per_trigger is not None:
         reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
-    return reader.options(**options).load()
+    try:
+        return reader.options(**options).load()
+    except Exception as exc:
+        if connector == "spark" and "DATA_SOURCE_NOT_FOUND" in str(exc):
+            raise ConfigError(f"kafka_stream(connector='spark'): Spark's Kafka connector is not on the classpath; "
+                              f"start the job with --packages {SPARK_CONNECTOR_PACKAGE}:{spark.version} (or set "
+                              f"spark.jars.packages), or read with connector='oncekit'") from None
+        raise
 
 
 def offsets_for_timestamp(options: KafkaSourceOptions, marks: Mapping[tuple[str, int], tuple[int, int]],
