@@ -145,8 +145,10 @@ def fastest(runs: tuple[Row, ...]) -> Row:
     return failed[0] if failed else min(runs, key=lambda row: row.figures["seconds"])
 
 
-def kit_stream(bench: Bench, source: data.Input) -> DataFrame:
-    return kafka_stream(bench.spark, bench.servers, source.topic, max_offsets_per_trigger=bench.options.per_batch)
+def kit_stream(bench: Bench, source: data.Input, connector: str = "oncekit") -> DataFrame:
+    """The input through :func:`kafka_stream` (``connector="spark"``: Spark's own Kafka source)."""
+    return kafka_stream(bench.spark, bench.servers, source.topic, max_offsets_per_trigger=bench.options.per_batch,
+                        connector=connector)
 
 
 def kit_query(frame: DataFrame, sink: SinkConfig) -> None:
@@ -186,9 +188,10 @@ def source_group(bench: Bench) -> Table:
 
 
 def kafka_group(bench: Bench) -> Table:
-    def kit(protocol: KafkaProtocol) -> Case:
-        return Case(f"kit {protocol}", lambda source, output: kit_query(
-            kit_stream(bench, source).select("key", "value"), kafka_sink(bench.servers, output, protocol)))
+    def kit(protocol: KafkaProtocol, connector: str = "oncekit") -> Case:
+        name = f"kit {protocol}" + (", Spark's source" if connector == "spark" else "")
+        return Case(name, lambda source, output: kit_query(
+            kit_stream(bench, source, connector).select("key", "value"), kafka_sink(bench.servers, output, protocol)))
 
     def quix(guarantee: str) -> Case:
         return Case(f"Quix Streams {guarantee}", lambda source, output: peers.quix_copy(
@@ -209,7 +212,8 @@ def kafka_group(bench: Bench) -> Table:
     cases = [transactional, kit("write-ahead-log"), at_least_once,
              Case(spark, lambda source, output: peers.run_available(
                  peers.spark_kafka_sink(kit_stream(bench, source), bench.servers, output))),
-             quix("exactly-once"), quix("at-least-once"), streams_eos, streams_eos_1s, streams_alos, flink_eos]
+             quix("exactly-once"), quix("at-least-once"), streams_eos, streams_eos_1s, streams_alos, flink_eos,
+             kit("write-ahead-log", "spark")]
     return run_group(bench, Group(
         "2. Kafka sinks", cases,
         prepare=lambda case, output: create_topic(bench.kafka, output, partitions=bench.options.partitions),
@@ -217,8 +221,9 @@ def kafka_group(bench: Bench) -> Table:
         ratios=[*(Ratio(c.name, spark) for c in cases[:3]), Ratio(transactional.name, cases[4].name),
                 Ratio(at_least_once.name, cases[5].name),
                 *(Ratio(transactional.name, c.name) for c in (streams_eos, streams_eos_1s, flink_eos)),
-                Ratio(at_least_once.name, streams_alos.name)],
-        notes=[f"Spark's sink and the kit's sinks are fed by the kit's source; Quix Streams copies the same topic "
+                Ratio(at_least_once.name, streams_alos.name), Ratio(cases[-1].name, cases[1].name)],
+        notes=[f"Spark's sink and the kit's sinks are fed by the kit's source (the last case: by Spark's own, which "
+               "start_query refuses in front of the transactional sink); Quix Streams copies the same topic "
                f"with its own consumer, in a process of {bench.options.quix_python}. {bench.connector.describe()}.",
                f"{jvm.describe()}, with as many stream threads or as much parallelism as the input has "
                "partitions. Kafka Streams commits every 100 ms (its exactly-once default), every 1 s, and at "
@@ -233,9 +238,10 @@ def postgres_group(bench: Bench) -> Table:
     def named(name: str, keyed: bool) -> str:
         return name + (" (key id)" if keyed else "")
 
-    def kit(protocol: PostgresProtocol, keyed: bool = False) -> Case:
-        return Case(named(f"kit {protocol}", keyed), lambda source, output: kit_query(
-            columns(kit_stream(bench, source)),
+    def kit(protocol: PostgresProtocol, keyed: bool = False, connector: str = "oncekit") -> Case:
+        name = named(f"kit {protocol}", keyed) + (", Spark's source" if connector == "spark" else "")
+        return Case(name, lambda source, output: kit_query(
+            columns(kit_stream(bench, source, connector)),
             postgres_sink(bench.dsn, output, protocol, key_columns=("id",) if keyed else ())), keyed)
 
     def copy(keyed: bool) -> Case:
@@ -245,13 +251,15 @@ def postgres_group(bench: Bench) -> Table:
 
     plain, keyed = copy(keyed=False), copy(keyed=True)
     idempotent = kit("idempotent", keyed=True)
-    cases = [kit("two-phase-commit"), kit("write-ahead-log"), idempotent, kit("at-least-once"), plain, keyed]
+    cases = [kit("two-phase-commit"), kit("write-ahead-log"), idempotent, kit("at-least-once"), plain, keyed,
+             kit("two-phase-commit", connector="spark")]
     return run_group(bench, Group(
         "3. PostgreSQL sinks", cases,
         prepare=lambda case, output: data.fresh_table(bench.dsn, output, case.keyed),
         check=lambda source, output, _: data.read_table(bench.dsn, output, source.records),
-        ratios=[*(Ratio(c.name, plain.name) for c in cases[:4]), Ratio(idempotent.name, keyed.name)],
-        notes=["All fed by the kit's source, value parsed into (id, account, amount, note). The foreachBatch peer "
+        ratios=[*(Ratio(c.name, plain.name) for c in cases[:4]), Ratio(idempotent.name, keyed.name),
+                Ratio(cases[-1].name, cases[0].name)],
+        notes=["All fed by the kit's source but the last (Spark's own), value parsed into (id, account, amount, note). The foreachBatch peer "
                "COPYs each task's Arrow batches as pyarrow CSV over one psycopg connection per task. The idempotent "
                "sink needs a unique key, so its table has PRIMARY KEY (id); the keyed peer COPYs into a table with "
                "the same key, so the last ratio is what the kit adds and the one before it includes the key's index."],

@@ -364,8 +364,10 @@ def kafka_stream(
     ``org.apache.spark:spark-sql-kafka-0-10_2.13`` of the job's Spark version, which the job puts
     on its classpath with ``--packages`` or ``spark.jars.packages``), reading with
     ``kafka.isolation.level=read_committed`` unless ``options`` say otherwise. Both give the same
-    columns, keep their offset ranges in Spark's checkpoint and replay a batch's range exactly,
-    so every kit sink is exactly-once behind either; Spark's reads without a Python worker.
+    columns and keep their offset ranges in Spark's checkpoint; Spark's reads without a Python
+    worker. Spark's may give a topic-partition to another task when it plans a batch again after
+    a restart, so :func:`~oncekit.core.spark.query.start_query` refuses it in front of a sink
+    that commits per task (the Kafka ``transactional`` protocol).
 
     ``starting_offsets`` is where a new checkpoint's first batch starts: ``earliest`` by
     default, unlike Spark's own Kafka source (``latest``), so that a pipeline's first run reads

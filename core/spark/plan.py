@@ -80,17 +80,33 @@ class Plan:
         return cls(found["plan"], found.get("settings", {}))
 
 
-def plan_of(frame: DataFrame) -> Plan | None:
-    """``frame``'s :class:`Plan`; None when the session cannot show the plan."""
+def plan_text(frame: DataFrame) -> str | None:
+    """``frame``'s analyzed logical plan as Spark prints it; None (logged) when the session
+    cannot show it."""
     try:
         jdf = getattr(frame, "_jdf", None)
         if jdf is not None:
-            text = str(jdf.queryExecution().analyzed().toString())
-        else:  # Spark Connect: the server's explain of the plan
-            explained = frame._explain_string(extended=True)  # type: ignore[operator]
-            text = explained.split("== Analyzed Logical Plan ==", 1)[1].split("\n== ", 1)[0]
-    except Exception as exc:  # noqa: BLE001 - a session that cannot say: nothing to compare
-        logger.warning("the query's plan cannot be read (%s); a replay with another plan is not checked", exc)
+            return str(jdf.queryExecution().analyzed().toString())
+        explained = frame._explain_string(extended=True)  # type: ignore[operator]  # Spark Connect: the server's
+        return str(explained.split("== Analyzed Logical Plan ==", 1)[1].split("\n== ", 1)[0])
+    except Exception as exc:  # noqa: BLE001 - a session that cannot say: nothing to check
+        logger.warning("the query's plan cannot be read (%s); it is not checked", exc)
+        return None
+
+
+def reads_spark_kafka(frame: DataFrame) -> bool:
+    """Whether ``frame`` reads through Spark's own Kafka source (``format("kafka")``)."""
+    return SPARK_KAFKA_SOURCE in (plan_text(frame) or "")
+
+
+SPARK_KAFKA_SOURCE = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
+"""How Spark's Kafka source shows in an analyzed plan."""
+
+
+def plan_of(frame: DataFrame) -> Plan | None:
+    """``frame``'s :class:`Plan`; None when the session cannot show the plan."""
+    text = plan_text(frame)
+    if text is None:
         return None
     settings: dict[str, str | None] = {}
     if "FileSource[" in text:

@@ -31,7 +31,8 @@ from oncekit.core.errors import ConfigError, LeaseLostError, OncekitError, Query
 from oncekit.core.journal import Journal
 from oncekit.core.lease import EXPIRES_S, RENEW_S, QueryLease, keeper, release_idle
 from oncekit.core.protocol import SinkConfig
-from oncekit.core.spark.plan import refuse_changed_replay
+from oncekit.core.fanout import FanOutConfig
+from oncekit.core.spark.plan import reads_spark_kafka, refuse_changed_replay
 from oncekit.core.spark.writer import QueryRun
 from oncekit.core.spark_log import SparkLog
 from oncekit.core.stacks import process_stacks
@@ -531,6 +532,22 @@ def _release_same_query_elsewhere(checkpoint: str) -> None:
         release_idle(lambda kept: kept.checkpoint != checkpoint and kept.query_id == query_id)
 
 
+def refuse_moving_partitions(frame: DataFrame, sink: SinkConfig) -> None:
+    """Called by :func:`start_query`: Spark's own Kafka source plans a batch's ranges in the
+    order of its map of offsets, which it reads back from the offset log when the batch is
+    planned again after a restart, so a topic-partition can land in another task than the first
+    time. A sink committing per task with a marker per partition (the ``transactional``
+    protocol) would then find another partition's records under its marker and refuse the
+    replay for good. Such a query is refused at its start, naming the way out."""
+    targets = list(sink.targets.values()) if isinstance(sink, FanOutConfig) else [sink]
+    per_task = [target.sink_id for target in targets if target.protocol == "transactional"]
+    if per_task and reads_spark_kafka(frame):
+        raise ConfigError(f"sink {', '.join(per_task)}: Spark's Kafka source may give a topic-partition to another task "
+                          "when it plans a batch again after a restart, and a transactional sink commits per task, so "
+                          "it could not recover; read with kafka_stream(..., connector='oncekit'), or write with the "
+                          "write-ahead-log protocol")
+
+
 def start_query(
     frame: DataFrame,
     sink: SinkConfig,
@@ -555,6 +572,7 @@ def start_query(
     """
     spark = frame.sparkSession
     refuse_speculation(spark, sink)
+    refuse_moving_partitions(frame, sink)
     spark.dataSource.register(sink.data_source())
     if "://" not in checkpoint and not checkpoint.startswith("file:"):
         checkpoint = os.path.abspath(checkpoint)
