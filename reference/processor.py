@@ -1,6 +1,6 @@
 """The reference pipeline's stateful step: :class:`PaymentProcessor`, Spark's
 applyInPandasWithState keyed by a bucket of accounts. Runs in Spark's Python workers; importing
-this module imports pandas and numpy.
+this module imports pyspark, pandas and numpy.
 
 Why one processor does balance and event time, rather than a windowed aggregation: the producer
 keys payments by account, so an account's events sit in one Kafka partition in a fixed order.
@@ -21,7 +21,7 @@ bucket's rows of a batch with numpy over whole columns. applyInPandasWithState h
 its rows as a slice of the Arrow batch converted to pandas a column at a time, with the group's
 state beside them; PySpark 4.3's transformWithStateInPandas turns every input row into a
 Python tuple and rebuilds the frames from those tuples, which cost its worker about 10 us per
-row, most of the processor's time (``make bench`` group 5; the profile is in issue 37's note).
+row, most of the processor's time (docs/reference-pipeline.md, "Where the time goes").
 Each account's rules are unchanged: its payments are taken in (partition, offset) order and its
 clock before a payment is the running maximum of the stored clock and the event times before
 it, so the accounts sharing a bucket do not see each other. A bucket's whole state (per account:

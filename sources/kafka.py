@@ -344,7 +344,7 @@ def check_partitions(options: KafkaSourceOptions, start: Offsets, marks: Mapping
 
 CONNECTORS = ("oncekit", "spark")
 SPARK_CONNECTOR_PACKAGE = "org.apache.spark:spark-sql-kafka-0-10_2.13"
-"""Spark's own Kafka connector, by Maven coordinates without the version (Spark's own)."""
+"""The Maven coordinates of Spark's own Kafka connector, without the version (the job's Spark's)."""
 
 
 def kafka_stream(

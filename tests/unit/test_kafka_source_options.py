@@ -108,3 +108,52 @@ def test_watermark_query_that_keeps_failing_names_what_it_asked_and_how_long() -
 
     with pytest.raises(KafkaException, match=r"watermarks of orders\[3\]: .*transport failure, still after 0 s"):
         retrying("oncekit-kafka: watermarks of orders[3]", attempt, timeout_s=0.0)
+
+
+class _Reader:
+    """What kafka_stream calls on ``spark.readStream``: the options kept; ``load`` as a session
+    without Spark's Kafka connector answers (pure logic: no JVM)."""
+
+    def __init__(self) -> None:
+        self.given: dict[str, str] = {}
+        self.source = ""
+
+    def format(self, source: str) -> _Reader:
+        self.source = source
+        return self
+
+    def option(self, key: str, value: str) -> _Reader:
+        self.given[key] = value
+        return self
+
+    def options(self, **more: str) -> _Reader:
+        self.given.update(more)
+        return self
+
+    def load(self) -> None:
+        raise RuntimeError("[DATA_SOURCE_NOT_FOUND] Failed to find the data source: kafka.")
+
+
+class _Session:
+    version = "4.3.0"
+
+    def __init__(self) -> None:
+        self.readStream = _Reader()
+
+
+def test_spark_connector_missing_names_the_package_and_the_other_connector() -> None:
+    from oncekit.sources.kafka import kafka_stream
+
+    session = _Session()
+    with pytest.raises(ConfigError, match=r"--packages org\.apache\.spark:spark-sql-kafka-0-10_2\.13:4\.3\.0 .*"
+                                          r"connector='oncekit'"):
+        kafka_stream(session, "b:9092", "payments", connector="spark")  # type: ignore[arg-type]
+    assert session.readStream.source == "kafka"
+    assert session.readStream.given["kafka.isolation.level"] == "read_committed"
+
+
+def test_unknown_connector_is_refused() -> None:
+    from oncekit.sources.kafka import kafka_stream
+
+    with pytest.raises(ConfigError, match="connector 'jvm' is not one of oncekit, spark"):
+        kafka_stream(_Session(), "b:9092", "payments", connector="jvm")  # type: ignore[arg-type]
