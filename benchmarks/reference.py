@@ -115,13 +115,20 @@ def batch_times(progress: list[Any]) -> list[tuple[int, float]]:
             if int(p["numInputRows"])]
 
 
-def throughput_rows(services: Services, options: Options, spark: SparkSession, count: int, seed: int) -> list[Row]:
+SPARK_SOURCE = {"pipeline.source": "spark", "guarantees.balance_updates": "write-ahead-log"}
+"""The pipeline on Spark's own Kafka source (which needs the write-ahead log for balance updates)."""
+
+
+def throughput_rows(services: Services, options: Options, spark: SparkSession, count: int, seed: int,
+                    spark_source: bool = False) -> list[Row]:
     """The sustained case on ``count`` payment events: its row, and one for the batches after
-    the first when there are any."""
-    case = f"sustained: availableNow, {options.per_batch:,} per batch"
+    the first when there are any; with ``spark_source``, on Spark's own Kafka source."""
+    case = f"sustained: availableNow, {options.per_batch:,} per batch" + (
+        ", Spark's source, updates by WAL" if spark_source else "")
     steady = "  the batches after batch 1"
     try:
-        config = pipeline_for(services, options, "tput", **{"pipeline.trigger_s": 0})
+        config = pipeline_for(services, options, "tput", **{"pipeline.trigger_s": 0},
+                              **(SPARK_SOURCE if spark_source else {}))
         ReferencePipeline(config).prepare()
         load = workload(count, seed)
         print(f"  {case}: producing {count:,} payment events", file=sys.stderr, flush=True)
@@ -339,6 +346,7 @@ def reference_pipeline(services: Services, options: Options) -> Table:
     table.rows += throughput_rows(services, options, spark, options.records, THROUGHPUT_SEED)
     table.rows.append(latency_row(services, options, spark))
     sustained, latency = table.rows[0], table.rows[-1]
+    table.rows += throughput_rows(services, options, spark, options.records, THROUGHPUT_SEED, spark_source=True)
     if sustained.ok and latency.ok and options.reference_rate > sustained.figures["events/s"]:
         table.notes.append(f"The latency run's {options.reference_rate:,} events/s is above the sustained rate measured "
                            f"here ({sustained.figures['events/s']:,.0f} events/s): its latency is mostly the backlog "

@@ -9,7 +9,7 @@ and ``oncekit doctor`` through :func:`load_with_services`. The file has five tab
     [topics]      payments, balance_updates, partitions
     [tables]      balances, minute_totals, late_events, dead_letters
     [guarantees]  balances, minute_totals, balance_updates (the sink protocols)
-    [pipeline]    checkpoint, max_offsets_per_trigger, dedup_ttl_s, allowed_lateness_s, trigger_s, buckets
+    [pipeline]    checkpoint, max_offsets_per_trigger, dedup_ttl_s, allowed_lateness_s, trigger_s, buckets, source
     [restart]     a restart strategy: type = "fixed-delay", attempts = 3, delay_s = 1 ...
 
 Overrides are dotted keys (``{"pipeline.checkpoint": "/tmp/cp"}``). Unknown keys are refused, so
@@ -32,6 +32,7 @@ from oncekit.core.errors import ConfigError
 from oncekit.core.restart import RestartStrategy, strategy_from_config
 from oncekit.sinks.kafka.config import KafkaProtocol
 from oncekit.sinks.postgres.config import PostgresProtocol
+from oncekit.sources.kafka import CONNECTORS
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -42,6 +43,7 @@ DEFAULT_FILE = Path(__file__).with_name("pipeline.toml")
 """The packaged defaults (shipped in the wheel)."""
 
 TOTALS_PROTOCOLS = ("idempotent", "write-ahead-log")
+UPDATES_PROTOCOLS = ("transactional", "write-ahead-log")
 
 
 @dataclass(frozen=True)
@@ -76,8 +78,9 @@ class TablesConfig:
 
 @dataclass(frozen=True)
 class GuaranteesConfig:
-    """The sink protocol of each output. Balances and balance updates are fixed by the design
-    (two-phase commit, Kafka transactions); per-minute totals may use either exactly-once
+    """The sink protocol of each output. Balances are fixed by the design (two-phase commit);
+    balance updates go out by Kafka transactions, or by the write-ahead log (which Spark's own
+    Kafka source needs, ``pipeline.source``); per-minute totals may use either exactly-once
     protocol that merges by key."""
 
     balances: PostgresProtocol = "two-phase-commit"
@@ -95,6 +98,9 @@ class RunConfig:
     allowed_lateness_s: int = 60
     trigger_s: float = 0.0
     buckets: int = 32
+    source: str = "oncekit"
+    """Who reads the payments topic: ``"oncekit"`` or ``"spark"`` (Spark's own Kafka source,
+    :func:`~oncekit.sources.kafka.kafka_stream`'s ``connector``)."""
 
 
 @dataclass(frozen=True)
@@ -111,8 +117,15 @@ class PipelineConfig:
     def __post_init__(self) -> None:
         if self.guarantees.balances != "two-phase-commit":
             raise ConfigError("guarantees.balances: the reference pipeline writes balances with two-phase-commit")
-        if self.guarantees.balance_updates != "transactional":
-            raise ConfigError("guarantees.balance_updates: the reference pipeline writes balance updates with transactional")
+        if self.guarantees.balance_updates not in UPDATES_PROTOCOLS:
+            raise ConfigError(f"guarantees.balance_updates must be one of {', '.join(UPDATES_PROTOCOLS)}, "
+                              f"got {self.guarantees.balance_updates!r}")
+        if self.pipeline.source not in CONNECTORS:
+            raise ConfigError(f"pipeline.source must be one of {', '.join(CONNECTORS)}, got {self.pipeline.source!r}")
+        if self.pipeline.source == "spark" and self.guarantees.balance_updates == "transactional":
+            raise ConfigError("pipeline.source = \"spark\" needs guarantees.balance_updates = \"write-ahead-log\": "
+                              "Spark's Kafka source may give a topic-partition to another task when it plans a batch "
+                              "again after a restart, which a transactional sink cannot recover from")
         if self.guarantees.minute_totals not in TOTALS_PROTOCOLS:
             raise ConfigError(f"guarantees.minute_totals must be one of {', '.join(TOTALS_PROTOCOLS)}, "
                               f"got {self.guarantees.minute_totals!r}")

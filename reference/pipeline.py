@@ -142,7 +142,8 @@ class ReferencePipeline:
         from pyspark.sql import functions as F
 
         raw = kafka_stream(spark, self.bootstrap, self.config.topics.payments,
-                           max_offsets_per_trigger=self.config.pipeline.max_offsets_per_trigger)
+                           max_offsets_per_trigger=self.config.pipeline.max_offsets_per_trigger,
+                           connector=self.config.pipeline.source)
         text = F.col("value").cast("string")
         # The four fields as text (a JSON number as its digits), and text that is not a JSON
         # object in the corrupt-record column (or the whole struct NULL): a struct is parsed
@@ -250,7 +251,7 @@ class ReferencePipeline:
         from oncekit.reference.processor import PROCESSOR_VERSION
 
         run = self.config.pipeline
-        operators = ("parse", f"dropDuplicatesWithinWatermark:event_id:kafka_ts:ttl={run.dedup_ttl_s}",
+        operators = (f"kafka:{run.source}", "parse", f"dropDuplicatesWithinWatermark:event_id:kafka_ts:ttl={run.dedup_ttl_s}",
                      f"applyInPandasWithState:PaymentProcessor:v{PROCESSOR_VERSION}:lateness={run.allowed_lateness_s}"
                      f":buckets={run.buckets}")
         return [QuerySpec("pipeline", self.routed(spark), self.sink(), "append", operators)]

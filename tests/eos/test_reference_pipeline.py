@@ -84,6 +84,32 @@ def run_once(spark: Any, pipeline: ReferencePipeline) -> None:
     pipeline.run(spark, poll_s=0.2)
 
 
+def test_on_spark_kafka_source_a_task_crash_and_restart_report_exactly_once(
+    spark: Any, services: Services, kafka: KafkaConfig, unique_name: str, tmp_path: Path, crash_dir: Path,
+) -> None:
+    """``pipeline.source = "spark"`` (with balance updates by write-ahead log): Spark's own Kafka
+    source reads the payments; a task dies after pre-committing batch 1, the query fails, and a
+    restart from the checkpoint, whose batch 1 Spark plans again, ends in a report that is OK."""
+    from oncekit.core.crash import arm, fired
+    from oncekit.core.errors import PipelineError
+    from oncekit.reference.demo import CRASH_BATCH, CRASH_POINT
+
+    config = config_for(services, unique_name, **{"pipeline.max_offsets_per_trigger": 700, "pipeline.source": "spark",
+                                                  "guarantees.balance_updates": "write-ahead-log"})
+    workload = Workload(count=2000, accounts=50, duplicates=0.01, late=0.02, malformed=0.005, seed=12)
+    pipeline = ReferencePipeline(config, str(tmp_path / "checkpoint"))
+    pipeline.prepare()
+    produce(kafka, config.topics.payments, workload)
+    arm(crash_dir, CRASH_POINT, CRASH_BATCH)
+    with pytest.raises(PipelineError):
+        run_once(spark, pipeline)
+    assert fired(crash_dir) == [CRASH_POINT]
+    run_once(spark, pipeline)
+    assert pipeline.active[0].recentProgress[-1]["sources"][0]["description"].startswith("KafkaV2")
+    report = check(expected(workload, config.pipeline.allowed_lateness_s), observe(config), restarts=1, seconds=1.0)
+    assert report.ok, report.text()
+
+
 def test_savepoint_create_then_restore_continues_exactly_once_and_mismatch_is_refused(
     spark: Any, services: Services, kafka: KafkaConfig, unique_name: str, tmp_path: Path,
 ) -> None:
