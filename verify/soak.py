@@ -29,6 +29,9 @@ from collections.abc import Callable, Hashable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import psycopg
+from confluent_kafka import KafkaException
+
 from oncekit.connectors import Services
 from oncekit.core.crash import POINTS, arm, disarm, fired_at
 from oncekit.core.errors import ConfigError
@@ -57,6 +60,26 @@ def parse_duration(text: str) -> float:
         raise ConfigError(f"soak duration {text!r} must be positive")
     return seconds
 
+
+
+GAUGE_WAIT_S = 120.0
+"""How long a sample reads a gauge again while its service is down (a fault the soak injected:
+a restart takes seconds, a network cut its length)."""
+
+
+def when_reachable(read: Callable[[], int], wait_s: float = GAUGE_WAIT_S, pause_s: float = 0.5) -> int:
+    """``read()`` of a gauge in PostgreSQL or Kafka, again while its service is unreachable (a
+    fault in progress, or a connection it broke), for up to ``wait_s``; then its error. Called
+    by :meth:`Soak.sample`."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return read()
+        except (psycopg.OperationalError, KafkaException) as exc:
+            if time.monotonic() > deadline:
+                raise
+            logger.info("soak: a gauge is unreadable for now (%s); reading it again", exc)
+            time.sleep(pause_s)
 
 @dataclass(frozen=True)
 class SoakSample:
@@ -253,9 +276,11 @@ class Soak:
             checkpoint_kb=round(sum(_size(p) for p in files) / 1024, 1), checkpoint_files=len(files),
             journal_entries=len(list(kit.glob("*/journal/*.json"))),
             staged=len(list(kit.glob("*/staged/**/*"))),
-            kit_rows=kit_rows(campaign.services.postgres.dsn, output) if campaign.kind != "kafka" else 0,
-            marker_partitions=marker_partitions(campaign.kafka, output) if campaign.kind != "postgres" else 0,
-            prepared=len(prepared_transactions(campaign.services.postgres.dsn, output)),
+            kit_rows=when_reachable(lambda: kit_rows(campaign.services.postgres.dsn, output))
+            if campaign.kind != "kafka" else 0,
+            marker_partitions=when_reachable(lambda: marker_partitions(campaign.kafka, output))
+            if campaign.kind != "postgres" else 0,
+            prepared=when_reachable(lambda: len(prepared_transactions(campaign.services.postgres.dsn, output))),
             stalls=StallLog(campaign.ctx.checkpoint).read()[0],
         )
 
