@@ -93,6 +93,7 @@ def test_on_spark_kafka_source_a_task_crash_and_restart_report_exactly_once(
     from oncekit.core.crash import arm, fired
     from oncekit.core.errors import PipelineError
     from oncekit.reference.demo import CRASH_BATCH, CRASH_POINT
+    from tests.eos.pipeline import read_by
 
     config = config_for(services, unique_name, **{"pipeline.max_offsets_per_trigger": 700, "pipeline.source": "spark",
                                                   "guarantees.balance_updates": "write-ahead-log"})
@@ -105,7 +106,7 @@ def test_on_spark_kafka_source_a_task_crash_and_restart_report_exactly_once(
         run_once(spark, pipeline)
     assert fired(crash_dir) == [CRASH_POINT]
     run_once(spark, pipeline)
-    assert pipeline.active[0].recentProgress[-1]["sources"][0]["description"].startswith("KafkaV2")
+    assert read_by(pipeline.active[0]) == "spark"
     report = check(expected(workload, config.pipeline.allowed_lateness_s), observe(config), restarts=1, seconds=1.0)
     assert report.ok, report.text()
 
