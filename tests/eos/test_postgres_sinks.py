@@ -4,6 +4,7 @@ compares the table with the input as multisets."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 from pathlib import Path
@@ -34,6 +35,32 @@ CASES = [
 def create_table(dsn: str, name: str, keyed: bool) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(f"CREATE TABLE {name} (id int {'PRIMARY KEY' if keyed else 'NOT NULL'}, payload text NOT NULL)")
+
+
+def test_a_query_started_in_another_thread_than_the_sessions_runs_exactly_once(
+    spark: Any, kafka: KafkaConfig, postgres_dsn: str, topic: str, unique_name: str, tmp_path: Path,
+) -> None:
+    """Spark looks a Python data source up in the active session of the calling thread, and only
+    the thread that created the session has one: the kit's source and start_query must work from
+    any thread (a job that supervises its queries from a thread, the demo that starts Spark in
+    one while its services start)."""
+    expected = produce_input(kafka, topic, COUNT)
+    create_table(postgres_dsn, unique_name, keyed=False)
+    sink = postgres_sink(postgres_dsn, unique_name, "two-phase-commit")
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            run_available_now(integers(spark, kafka, topic, PER_BATCH), sink, str(tmp_path / "checkpoint"))
+        except BaseException as exc:
+            failed.append(exc)
+
+    thread = threading.Thread(target=run, name="not-the-session-thread")
+    thread.start()
+    thread.join(300)
+    assert not thread.is_alive() and not failed, [str(exc)[:600] for exc in failed]
+    verdict = compare(expected, table_ids(postgres_dsn, unique_name))
+    assert verdict.exactly_once, verdict.summary()
 
 
 @pytest.mark.parametrize(("protocol", "point", "connector"), with_connectors(CASES))
