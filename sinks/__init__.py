@@ -11,7 +11,8 @@ from typing import Any
 def register(spark: Any) -> None:
     """Make ``df.writeStream.format("oncekit-postgres")`` and ``format("oncekit-kafka-sink")``
     known to ``spark`` (``start_query`` registers the one it needs by itself)."""
+    from oncekit.core.spark.session import register_data_source
     from oncekit.sinks._spark import DATA_SOURCES
 
     for source in DATA_SOURCES:
-        spark.dataSource.register(source)
+        register_data_source(spark, source)

@@ -420,9 +420,10 @@ def starting_offsets(options: KafkaSourceOptions, marks: Mapping[tuple[str, int]
 
 def register(spark: SparkSession) -> None:
     """Register the source with a session, as ``spark.readStream.format("oncekit-kafka")``."""
+    from oncekit.core.spark.session import register_data_source
     from oncekit.sources._spark_kafka import KafkaDataSource
 
-    spark.dataSource.register(KafkaDataSource)
+    register_data_source(spark, KafkaDataSource)
 
 
 WARM_UP_MODULES = ("oncekit.sinks.kafka", "oncekit.sinks.postgres", "oncekit.sources._spark_kafka")

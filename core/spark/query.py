@@ -33,6 +33,7 @@ from oncekit.core.lease import EXPIRES_S, RENEW_S, QueryLease, keeper, release_i
 from oncekit.core.protocol import SinkConfig
 from oncekit.core.fanout import FanOutConfig
 from oncekit.core.spark.plan import reads_spark_kafka, refuse_changed_replay
+from oncekit.core.spark.session import is_connect, register_data_source
 from oncekit.core.spark.writer import QueryRun
 from oncekit.core.spark_log import SparkLog
 from oncekit.core.stacks import process_stacks
@@ -573,7 +574,7 @@ def start_query(
     spark = frame.sparkSession
     refuse_speculation(spark, sink)
     refuse_moving_partitions(frame, sink)
-    spark.dataSource.register(sink.data_source())
+    register_data_source(spark, sink.data_source())
     if "://" not in checkpoint and not checkpoint.startswith("file:"):
         checkpoint = os.path.abspath(checkpoint)
     remote = is_connect(spark)
@@ -611,6 +612,3 @@ def _refuse_missing_install(sink: SinkConfig, error: Exception) -> None:
                           "driver and executors (a Spark Connect server's PYSPARK_PYTHON)") from error
 
 
-def is_connect(spark: SparkSession) -> bool:
-    """Whether ``spark`` is a Spark Connect client's session (its queries run on the server)."""
-    return type(spark).__module__.startswith("pyspark.sql.connect")

@@ -34,6 +34,25 @@ ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateS
 CHANGELOG_CHECKPOINTING = "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"
 
 
+def is_connect(spark: SparkSession) -> bool:
+    """Whether ``spark`` is a Spark Connect client's session (its queries run on the server)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def register_data_source(spark: SparkSession, source: type) -> None:
+    """Register the Python data source ``source`` with ``spark``, and make ``spark`` the calling
+    thread's active session. Spark looks a Python data source's name up in the active session
+    of the thread that loads or starts the stream, and only the thread that created the session
+    has one: without this, a query started from another thread (a job that supervises its
+    queries from one, the demo starting Spark beside its services) fails at start with
+    DATA_SOURCE_NOT_FOUND. Called by the kit's source, sinks and warm-up before they build a
+    stream; a Spark Connect server keeps its own sessions."""
+    spark.dataSource.register(source)
+    if not is_connect(spark):
+        jvm, session = getattr(spark, "_jvm"), getattr(spark, "_jsparkSession")
+        jvm.org.apache.spark.sql.SparkSession.setActiveSession(session)
+
+
 def default_conf(cores: int | None = None) -> dict[str, str]:
     """Spark session settings oncekit's pipelines expect, where nobody chose otherwise.
 

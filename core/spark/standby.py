@@ -45,6 +45,7 @@ from pyspark.sql.types import StructType
 
 from oncekit.core.deadline import bounded
 from oncekit.core.lease import wait_free
+from oncekit.core.spark.session import is_connect, register_data_source
 
 logger = logging.getLogger(__name__)
 
@@ -133,13 +134,11 @@ def warm_up(spark: SparkSession, modules: Sequence[str] = (),
     ``modules`` (the caller's sinks and sources), so that Spark's Python processes for the real
     query are started. Touches no service and no checkpoint of the user's; returns the seconds it
     took (0 on a Spark Connect session)."""
-    from oncekit.core.spark.query import is_connect
-
     if is_connect(spark):
         return 0.0
     started = time.monotonic()
     analyze(spark)
-    spark.dataSource.register(WarmUpDataSource)
+    register_data_source(spark, WarmUpDataSource)
     with tempfile.TemporaryDirectory(prefix="oncekit-warm-up-") as checkpoint:
         query = (spark.readStream.format(WARM_UP_FORMAT).option("modules", ",".join(modules)).load()
                  .writeStream.format(WARM_UP_FORMAT).option("modules", ",".join(modules))
