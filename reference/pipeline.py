@@ -46,7 +46,8 @@ from oncekit.reference import outputs
 from oncekit.reference.config import PipelineConfig
 from oncekit.sinks.kafka import kafka_sink
 from oncekit.sinks.postgres import postgres_sink
-from oncekit.sources.kafka import kafka_stream
+from oncekit.sources.kafka import WARM_UP_MODULES as SOURCE_AND_SINK_MODULES
+from oncekit.sources.kafka import analyze_for_warm_up, kafka_stream
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -54,11 +55,14 @@ if TYPE_CHECKING:
     from oncekit.core.protocol import SinkConfig
     from oncekit.core.spark.query import OncekitQuery, Trigger
 
-__all__ = ["QUERIES", "PipelineError", "QuerySpec", "ReferencePipeline"]
+__all__ = ["QUERIES", "WARM_UP_MODULES", "PipelineError", "QuerySpec", "ReferencePipeline"]
 
 logger = logging.getLogger(__name__)
 
 QUERIES = ("pipeline",)
+WARM_UP_MODULES = (*SOURCE_AND_SINK_MODULES, "oncekit.reference.processor")
+"""What :meth:`ReferencePipeline.warm_up` imports in Spark's task workers: the kit's Kafka
+source and sinks, and the processor (pandas, numpy)."""
 TARGETS = ("dead_letters", "balances", "balance_updates", "minute_totals", "late_events")
 FIELDS = "event_id string, account_id string, amount_cents string, event_time string"
 """A payment's JSON fields as the pipeline parses them (as text, then cast)."""
@@ -261,6 +265,19 @@ class ReferencePipeline:
         return {q.name: {"sink_id": q.sink.sink_id, "fingerprint": q.fingerprint()} for q in self.queries(spark)}
 
     # -- running -------------------------------------------------------------------------------
+
+    @staticmethod
+    def warm_up(spark: SparkSession) -> float:
+        """Start the Spark processes the pipeline's first batch needs, before it runs: Spark's
+        Python planner processes, and task workers that have imported :data:`WARM_UP_MODULES`
+        (:func:`oncekit.core.spark.standby.warm_up`; Spark reuses its task workers). Touches no
+        service and no checkpoint, so it can run while the services start: the demo does so,
+        and a standby does it while it waits. Returns the seconds it took. Without it, a fresh
+        session's first batch starts each of those processes and imports in each of them, one
+        stage after the other (docs/reference-pipeline.md, "Where the time goes")."""
+        from oncekit.core.spark.standby import warm_up
+
+        return warm_up(spark, WARM_UP_MODULES, analyze_for_warm_up)
 
     def start(self, spark: SparkSession) -> list[OncekitQuery]:
         """Start every query from its checkpoint under :attr:`checkpoint`."""
