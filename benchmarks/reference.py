@@ -11,7 +11,8 @@ a figure counts:
   its end, and its first batch (Python worker start-up included) on its own;
 - latency: payments produced at ``options.reference_rate`` events a second for
   ``options.latency_s`` seconds into the pipeline on a 1 s processingTime trigger, after a
-  warm-up of ``options.warmup`` events. A read_committed consumer of the balance-updates topic
+  warm-up of ``options.warmup`` events at once and :data:`SETTLE_S` seconds at the rate, neither
+  timed; the batches counted are those of the measured part. A read_committed consumer of the balance-updates topic
   times, per payment, produce to visible: an update of account A with ``events`` = n makes the
   first n unique payments of A visible (A's payments sit in one partition in produce order).
   Duplicates and malformed records are not payments of a balance and are not timed.
@@ -25,6 +26,7 @@ import tempfile
 import threading
 import time
 import uuid
+from datetime import datetime
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +56,10 @@ WARMUP_SEED, THROUGHPUT_SEED, LATENCY_SEED = 4, 5, 6
 TRIGGER_S = 1
 COLUMNS = ("events", "seconds", "events/s", "batch 1 s", "p50 ms", "p99 ms")
 WAIT_S = 120.0  # how long output may take to become visible once input has stopped
+SETTLE_S = 15
+"""Seconds of input at the latency row's rate, after the warm-up burst and before the measured
+part, not timed: the backlog the burst's first batch leaves (and the JIT's first minutes) takes
+about ten 1 s batches to drain, and the row measures the pipeline at its rate, not that."""
 
 
 def workload(count: int, seed: int) -> Workload:
@@ -262,18 +268,20 @@ def latency_row(services: Services, options: Options, spark: SparkSession) -> Ro
         config = pipeline_for(services, options, "latency", **{"pipeline.trigger_s": TRIGGER_S})
         ReferencePipeline(config).prepare()
         kafka = KafkaConfig(config.kafka_bootstrap())
-        load = workload(options.warmup + int(rate * seconds), LATENCY_SEED)
+        load = workload(options.warmup + int(rate * (SETTLE_S + seconds)), LATENCY_SEED)
         sent = list(events(load))
-        # The warm-up is the workload's first options.warmup events (a duplicate follows its original).
-        split = next((i for i, index in enumerate(_positions(sent)) if index >= options.warmup), len(sent))
-        warm, measured = sent[:split], sent[split:]
-        produced = Produced()
-        for event in warm:
-            if event.unique:
-                produced.base[int(event.key)] = produced.base.get(int(event.key), 0) + 1
-        print(f"  {case}: warm-up {len(warm):,} records, then {len(measured):,}", file=sys.stderr, flush=True)
+        # The warm-up is the workload's first options.warmup events, produced at once, then
+        # SETTLE_S seconds of them at the rate, untimed (a duplicate follows its original).
+        positions = _positions(sent)
+        split = next((i for i, index in enumerate(positions) if index >= options.warmup), len(sent))
+        settle = next((i for i, index in enumerate(positions) if index >= options.warmup + rate * SETTLE_S), len(sent))
+        warm, settling, measured = sent[:split], sent[split:settle], sent[settle:]
+        produced = Produced(base=_unique_counts(sent[:settle]))
+        print(f"  {case}: warm-up {len(warm):,} records, {len(settling):,} at the rate untimed, then {len(measured):,}",
+              file=sys.stderr, flush=True)
         reader = UpdateReader(kafka, config.topics.balance_updates)
         producer = Producer(kafka.settings(linger_ms=5, enable_idempotence=True))
+        measuring = time.time()  # when the measured part starts
         with tempfile.TemporaryDirectory() as checkpoint:
             pipeline = ReferencePipeline(config, checkpoint)
             reader.start()
@@ -283,7 +291,9 @@ def latency_row(services: Services, options: Options, spark: SparkSession) -> Ro
                 for event in warm:
                     send(producer, config.topics.payments, event)
                 producer.flush(60)
-                wait_visible(reader, pipeline, dict(produced.base), WAIT_S)
+                wait_visible(reader, pipeline, _unique_counts(warm), WAIT_S)
+                produce_paced(producer, config.topics.payments, settling, rate, Produced())
+                measuring = time.time()
                 produce_paced(producer, config.topics.payments, measured, rate, produced)
                 if producer.flush(60):
                     raise RuntimeError("payments still undelivered 60 s after the last was produced")
@@ -293,7 +303,8 @@ def latency_row(services: Services, options: Options, spark: SparkSession) -> Ro
                 pipeline.stop()
                 reader.done.set()
                 reader.join(30)
-            ran = batch_times([p for q in pipeline.active for p in q.recentProgress])
+            ran = batch_times([p for q in pipeline.active for p in q.recentProgress
+                               if datetime.fromisoformat(p["timestamp"].replace("Z", "+00:00")).timestamp() >= measuring])
         if reader.error is not None:
             raise reader.error
         bad, got = verdict(expected(load, config.pipeline.allowed_lateness_s), config, seconds)
@@ -309,6 +320,15 @@ def latency_row(services: Services, options: Options, spark: SparkSession) -> Ro
                       "p50 ms": percentile(ordered, 0.5), "p99 ms": percentile(ordered, 0.99)},
                f"{timed:,} payments timed; {len(ran)} batches, {sum(t for _, t in ran) / max(1, len(ran)):.1f} s "
                f"mean, {max((t for _, t in ran), default=0.0):.1f} s max; {summary(got)}")
+
+
+def _unique_counts(sent: list[Event]) -> dict[int, int]:
+    """Per account, its unique payments among ``sent``."""
+    counts: dict[int, int] = {}
+    for event in sent:
+        if event.unique:
+            counts[int(event.key)] = counts.get(int(event.key), 0) + 1
+    return counts
 
 
 def _positions(sent: list[Event]) -> list[int]:
@@ -340,7 +360,8 @@ def reference_pipeline(services: Services, options: Options) -> Table:
                "(Python worker start-up included); events counts every record read (duplicates and malformed ones "
                "too).",
                "Latency: produce to visible in the balance-updates topic (read_committed), per unique payment, "
-               f"after a warm-up of {options.warmup:,} events; seconds and events/s are the producer's."])
+               f"after a warm-up of {options.warmup:,} events and {SETTLE_S} s at the rate, untimed; seconds and "
+               "events/s are the producer's; batches are those of the measured part."])
     if options.warmup:  # as every group: the case once on the warm-up's size, its rows dropped
         throughput_rows(services, options, spark, options.warmup, WARMUP_SEED)
     table.rows += throughput_rows(services, options, spark, options.records, THROUGHPUT_SEED)
