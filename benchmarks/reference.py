@@ -8,12 +8,13 @@ a figure counts:
 - sustained throughput: ``options.records`` payment events (1% upstream duplicates, 2% late,
   0.5% malformed) produced first, then the pipeline run once with an availableNow trigger until
   the topic is drained, ``options.per_batch`` records a batch; timed from the query's start to
-  its end, and its first batch (Python worker start-up included) on its own;
+  its end, and its first batch (Python worker start-up included) on its own; then again in each
+  of :data:`VARIANTS` (balance updates by write-ahead log, on the kit's source and on Spark's);
 - latency: payments produced at ``options.reference_rate`` events a second for
   ``options.latency_s`` seconds into the pipeline on a 1 s processingTime trigger, after a
   warm-up of ``options.warmup`` events at once and :data:`SETTLE_S` seconds at the rate, neither
-  timed; the batches counted are those of the measured part. A read_committed consumer of the balance-updates topic
-  times, per payment, produce to visible: an update of account A with ``events`` = n makes the
+  timed; the batches counted are those of the measured part. A read_committed consumer of the
+  balance-updates topic times, per payment, produce to visible: an update of account A with ``events`` = n makes the
   first n unique payments of A visible (A's payments sit in one partition in produce order).
   Duplicates and malformed records are not payments of a balance and are not timed.
 """
@@ -121,20 +122,25 @@ def batch_times(progress: list[Any]) -> list[tuple[int, float]]:
             if int(p["numInputRows"])]
 
 
-SPARK_SOURCE = {"pipeline.source": "spark", "guarantees.balance_updates": "write-ahead-log"}
-"""The pipeline on Spark's own Kafka source (which needs the write-ahead log for balance updates)."""
+VARIANTS: dict[str, dict[str, Any]] = {
+    "": {},
+    ", updates by WAL": {"guarantees.balance_updates": "write-ahead-log"},
+    ", Spark's source, updates by WAL": {"pipeline.source": "spark", "guarantees.balance_updates": "write-ahead-log"},
+}
+"""The sustained case's variants, by the suffix of their case name: the default pipeline; balance
+updates by write-ahead log instead of Kafka transactions; and that on Spark's own Kafka source
+(which needs the write-ahead log for balance updates). The middle one tells the source's share
+from the protocol's."""
 
 
 def throughput_rows(services: Services, options: Options, spark: SparkSession, count: int, seed: int,
-                    spark_source: bool = False) -> list[Row]:
-    """The sustained case on ``count`` payment events: its row, and one for the batches after
-    the first when there are any; with ``spark_source``, on Spark's own Kafka source."""
-    case = f"sustained: availableNow, {options.per_batch:,} per batch" + (
-        ", Spark's source, updates by WAL" if spark_source else "")
+                    variant: str = "") -> list[Row]:
+    """The sustained case on ``count`` payment events in one of :data:`VARIANTS`: its row, and one
+    for the batches after the first when there are any."""
+    case = f"sustained: availableNow, {options.per_batch:,} per batch{variant}"
     steady = "  the batches after batch 1"
     try:
-        config = pipeline_for(services, options, "tput", **{"pipeline.trigger_s": 0},
-                              **(SPARK_SOURCE if spark_source else {}))
+        config = pipeline_for(services, options, "tput", **{"pipeline.trigger_s": 0}, **VARIANTS[variant])
         ReferencePipeline(config).prepare()
         load = workload(count, seed)
         print(f"  {case}: producing {count:,} payment events", file=sys.stderr, flush=True)
@@ -367,7 +373,8 @@ def reference_pipeline(services: Services, options: Options) -> Table:
     table.rows += throughput_rows(services, options, spark, options.records, THROUGHPUT_SEED)
     table.rows.append(latency_row(services, options, spark))
     sustained, latency = table.rows[0], table.rows[-1]
-    table.rows += throughput_rows(services, options, spark, options.records, THROUGHPUT_SEED, spark_source=True)
+    for variant in list(VARIANTS)[1:]:
+        table.rows += throughput_rows(services, options, spark, options.records, THROUGHPUT_SEED, variant)
     if sustained.ok and latency.ok and options.reference_rate > sustained.figures["events/s"]:
         table.notes.append(f"The latency run's {options.reference_rate:,} events/s is above the sustained rate measured "
                            f"here ({sustained.figures['events/s']:,.0f} events/s): its latency is mostly the backlog "
