@@ -27,7 +27,6 @@ import tempfile
 import threading
 import time
 import uuid
-from datetime import datetime
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +37,7 @@ from benchmarks.data import committed_reader, records
 from benchmarks.latency import percentile
 from benchmarks.table import Row, Table
 from oncekit.connectors import KafkaConfig
+from oncekit.core.spark.query import progress_started
 from oncekit.reference import config as pipeline_config
 from oncekit.reference.demo import Expected, check, expected
 from oncekit.reference.generator import Event, Workload, events, produce
@@ -287,7 +287,6 @@ def latency_row(services: Services, options: Options, spark: SparkSession) -> Ro
               file=sys.stderr, flush=True)
         reader = UpdateReader(kafka, config.topics.balance_updates)
         producer = Producer(kafka.settings(linger_ms=5, enable_idempotence=True))
-        measuring = time.time()  # when the measured part starts
         with tempfile.TemporaryDirectory() as checkpoint:
             pipeline = ReferencePipeline(config, checkpoint)
             reader.start()
@@ -310,7 +309,7 @@ def latency_row(services: Services, options: Options, spark: SparkSession) -> Ro
                 reader.done.set()
                 reader.join(30)
             ran = batch_times([p for q in pipeline.active for p in q.recentProgress
-                               if datetime.fromisoformat(p["timestamp"].replace("Z", "+00:00")).timestamp() >= measuring])
+                               if progress_started(p) >= measuring])
         if reader.error is not None:
             raise reader.error
         bad, got = verdict(expected(load, config.pipeline.allowed_lateness_s), config, seconds)

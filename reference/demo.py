@@ -25,7 +25,6 @@ import logging
 import os
 import sys
 import tempfile
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -38,6 +37,8 @@ from typing import IO, TYPE_CHECKING, Any
 from oncekit.connectors.kafka import KafkaConfig
 from oncekit.connectors.services import start_services
 from oncekit.core import crash as crash_points
+from oncekit.core.deadline import begin
+from oncekit.core.spark.query import progress_started
 from oncekit.core.spark.session import spark_session
 from oncekit.reference.commands import status_page
 from oncekit.reference.config import PipelineConfig, load
@@ -126,9 +127,6 @@ class Timeline:
         restarted attempt's first batch, restart delay and recovery included), and the rest
         (the batch that crashed, waits between batches, stopping)."""
 
-        def start(progress: dict[str, Any]) -> float:
-            return datetime.fromisoformat(progress["timestamp"].replace("Z", "+00:00")).timestamp()
-
         def seconds(progress: dict[str, Any]) -> float:
             return int(progress["durationMs"]["triggerExecution"]) / 1000
 
@@ -136,10 +134,12 @@ class Timeline:
         if not batches:
             return [("other", self.ended - self.started, 0)]
         first = batches[0]
-        out = [("start-up", start(first) - self.started, 0), ("first batch", seconds(first), int(first["numInputRows"])),
+        out = [("start-up", progress_started(first) - self.started, 0),
+               ("first batch", seconds(first), int(first["numInputRows"])),
                ("steady state", sum(seconds(p) for p in batches[1:]), sum(int(p["numInputRows"]) for p in batches[1:]))]
         for failure in self.failures:
-            after = [start(attempt[0]) for attempt in self.attempts if attempt and start(attempt[0]) > failure]
+            after = [progress_started(attempt[0]) for attempt in self.attempts
+                     if attempt and progress_started(attempt[0]) > failure]
             out.append(("restart", (min(after) if after else self.ended) - failure, 0))
         out.append(("other", self.ended - self.started - sum(s for _, s, _ in out), 0))
         return out
@@ -339,44 +339,31 @@ def main(backend: str | None = None, records: int = 200_000, config_path: str | 
     workload = Workload(count=records, accounts=50, duplicates=0.01, late=0.02, malformed=0.005, seed=seed)
     print(f"spark log: {work_dir / 'spark.log'}", flush=True)
     with spark_output_to(work_dir / "spark.log") as out:
-        spark_start = SparkStart()  # Spark starts while the services do
+        spark_start = begin("demo: Spark's start and warm-up", start_spark)  # while the services start
         started = time.monotonic()
         services = start_services(config.services.backend)
         print(f"services ({services.backend}): kafka {services.kafka.bootstrap_servers}, postgres ready "
               f"({time.monotonic() - started:.1f} s)", file=out, flush=True)
         with services.running():
             config = config.with_services(services.kafka.bootstrap_servers, services.postgres.dsn)
-            print(f"spark: session started and warmed up in {spark_start.wait():.1f} s, beside the services", file=out,
-                  flush=True)
+            seconds = spark_start.result(SPARK_START_S)
+            print(f"spark: session started and warmed up in {seconds:.1f} s, beside the services", file=out, flush=True)
             report = run(config, workload, work_dir, out, crash, ui_port)
             print(report.text(), file=out, flush=True)
     return 0 if report.ok else 1
 
 
-class SparkStart:
-    """The demo's Spark session started, and warmed up for the pipeline
+SPARK_START_S = 600.0
+"""How long the demo waits for its Spark session's start and warm-up."""
+
+
+def start_spark() -> float:
+    """The demo's Spark session started and warmed up for the pipeline
     (:meth:`ReferencePipeline.warm_up`: Spark's Python processes started, the kit's modules
-    imported), in a thread of its own while the services start: neither needs a service, and
-    the first batch no longer pays for them. Built by :func:`main` once the crash directory is in
-    the environment (Spark's processes inherit it)."""
-
-    def __init__(self) -> None:
-        self.seconds = 0.0
-        self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="oncekit-demo-spark", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        started = time.monotonic()
-        try:
-            ReferencePipeline.warm_up(spark_session(SESSION_NAME))
-        except BaseException as exc:  # raised in the caller's thread by wait()
-            self.error = exc
-        self.seconds = time.monotonic() - started
-
-    def wait(self) -> float:
-        """The seconds the start and warm-up took, once done; what they raised, raised here."""
-        self._thread.join()
-        if self.error is not None:
-            raise self.error
-        return self.seconds
+    imported); returns the seconds it took. :func:`main` runs it on a thread of its own
+    (:func:`~oncekit.core.deadline.begin`) while the services start: neither needs the other,
+    and the first batch no longer pays for it. The crash directory must be in the environment
+    by then (Spark's processes inherit it)."""
+    started = time.monotonic()
+    ReferencePipeline.warm_up(spark_session(SESSION_NAME))
+    return time.monotonic() - started

@@ -61,7 +61,6 @@ def parse_duration(text: str) -> float:
     return seconds
 
 
-
 GAUGE_WAIT_S = 120.0
 """How long a sample reads a gauge again while its service is down (a fault the soak injected:
 a restart takes seconds, a network cut its length)."""
@@ -80,6 +79,7 @@ def when_reachable(read: Callable[[], int], wait_s: float = GAUGE_WAIT_S, pause_
                 raise
             logger.info("soak: a gauge is unreadable for now (%s); reading it again", exc)
             time.sleep(pause_s)
+
 
 @dataclass(frozen=True)
 class SoakSample:

@@ -17,6 +17,7 @@ import re
 import threading
 import time
 import weakref
+from collections.abc import Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypedDict, cast
 
@@ -263,7 +264,7 @@ class BatchWatchdog:
             return None
         since = self._started
         if progress and progress.get("timestamp"):
-            since = max(since, datetime.fromisoformat(progress["timestamp"].replace("Z", "+00:00")).timestamp())
+            since = max(since, progress_started(progress))
         return str(status.get("message", "")), time.time() - since
 
     def _closed_or_ended(self, seconds: float) -> bool:
@@ -612,3 +613,7 @@ def _refuse_missing_install(sink: SinkConfig, error: Exception) -> None:
                           "driver and executors (a Spark Connect server's PYSPARK_PYTHON)") from error
 
 
+def progress_started(progress: Mapping[str, Any]) -> float:
+    """When the batch of a query progress (``query.lastProgress``, an item of
+    ``recentProgress``) started, in seconds since the epoch (Spark writes an ISO time in UTC)."""
+    return datetime.fromisoformat(str(progress["timestamp"]).replace("Z", "+00:00")).timestamp()
