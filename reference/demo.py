@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import sys
 import tempfile
@@ -330,13 +331,12 @@ def _run(pipeline: ReferencePipeline, config: PipelineConfig, workload: Workload
 def main(backend: str | None = None, records: int = 200_000, config_path: str | None = None, seed: int = 7,
          crash: bool = True, ui_port: int | None = None) -> int:
     """``oncekit demo``: returns 0 when every line of the report is OK."""
-    # About four batches per query, so that the crash at batch 1 falls mid-run.
+    workload = demo_workload(records, seed)
     config = load(config_path, {"services.backend": backend,
-                                "pipeline.max_offsets_per_trigger": max(500, records // 4)})
+                                "pipeline.max_offsets_per_trigger": batch_size(workload)})
     work_dir = Path(tempfile.mkdtemp(prefix="oncekit-demo-"))
     # Python workers read the crash directory at import; they inherit it from this environment.
     os.environ[crash_points.CRASH_DIR_ENV] = str(work_dir / "crash")
-    workload = Workload(count=records, accounts=50, duplicates=0.01, late=0.02, malformed=0.005, seed=seed)
     print(f"spark log: {work_dir / 'spark.log'}", flush=True)
     with spark_output_to(work_dir / "spark.log") as out:
         spark_start = begin("demo: Spark's start and warm-up", start_spark)  # while the services start
@@ -351,6 +351,20 @@ def main(backend: str | None = None, records: int = 200_000, config_path: str | 
             report = run(config, workload, work_dir, out, crash, ui_port)
             print(report.text(), file=out, flush=True)
     return 0 if report.ok else 1
+
+
+def demo_workload(records: int, seed: int = 7) -> Workload:
+    """The demo's payments: ``records`` of them over 50 accounts, with upstream duplicates, late
+    and malformed records."""
+    return Workload(count=records, accounts=50, duplicates=0.01, late=0.02, malformed=0.005, seed=seed)
+
+
+def batch_size(workload: Workload) -> int:
+    """The demo's records per batch: four batches, so that the crash at batch 1 falls mid-run.
+    The topic holds the workload's records and its upstream duplicates (about ``duplicates`` of
+    them, drawn at random: 1% is left for the draw), and a fifth batch of a few records would
+    cost a batch's fixed time for nothing."""
+    return max(500, workload.count // 4)
 
 
 SPARK_START_S = 600.0

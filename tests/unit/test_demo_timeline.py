@@ -3,12 +3,14 @@ as Spark reports it, without Spark."""
 
 from __future__ import annotations
 
+import math
 from datetime import datetime, timezone
 from typing import Any
 
 import pytest
 
-from oncekit.reference.demo import Timeline
+from oncekit.reference.demo import Timeline, batch_size, demo_workload
+from oncekit.reference.generator import events
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc).timestamp()
 
@@ -34,3 +36,12 @@ def test_phases_of_a_run_with_one_restart() -> None:
 
 def test_no_batch_is_all_other() -> None:
     assert Timeline(T0, ended=T0 + 7).phases() == [("other", pytest.approx(7), 0)]
+
+
+@pytest.mark.parametrize("records", [2_000, 20_000, 200_000])
+def test_the_demo_runs_four_batches_upstream_duplicates_included(records: int) -> None:
+    # The crash at batch 1 falls mid-run, and no fifth batch of a few records costs a batch's
+    # fixed time (the default workload's 1% upstream duplicates made one of 2,004 records).
+    workload = demo_workload(records)
+    sent = sum(1 for _ in events(workload))
+    assert math.ceil(sent / batch_size(workload)) == 4
