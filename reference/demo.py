@@ -364,7 +364,7 @@ def batch_size(workload: Workload) -> int:
     The topic holds the workload's records and its upstream duplicates (about ``duplicates`` of
     them, drawn at random: 1% is left for the draw), and a fifth batch of a few records would
     cost a batch's fixed time for nothing."""
-    return max(500, workload.count // 4)
+    return max(500, math.ceil(workload.count * (1 + workload.duplicates) * 1.01 / 4))
 
 
 SPARK_START_S = 600.0
