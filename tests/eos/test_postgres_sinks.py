@@ -15,7 +15,10 @@ import pytest
 
 from oncekit.connectors import KafkaConfig
 from oncekit.core.crash import POINTS, arm, fired
+from oncekit.core.journal import Journal
+from oncekit.core.names import TransactionId
 from oncekit.core.spark.query import CheckpointListener, start_query
+from oncekit.core.spark.writer import STRAGGLER_S
 from oncekit.sinks.postgres import postgres_sink
 from oncekit.verify import compare
 from tests.eos.pipeline import (COUNT, PER_BATCH, integers, prepared_transactions, produce_input, run_available_now,
@@ -84,6 +87,35 @@ def test_postgres_sink_crash_once_then_restart_is_exactly_once(
     verdict = compare(expected, table_ids(postgres_dsn, unique_name))
     assert verdict.exactly_once, verdict.summary()
     assert prepared_transactions(postgres_dsn) == []
+
+
+def test_a_failed_batchs_straggler_is_rolled_back_by_the_driver_without_waiting_for_a_restart(
+    spark: Any, kafka: KafkaConfig, postgres_dsn: str, topic: str, unique_name: str, tmp_path: Path, crash_dir: Path,
+) -> None:
+    """Spark fails a batch at its first failed task and kills the others without waiting; a
+    killed task that had its whole input still prepares its transaction until its Python worker
+    is destroyed (``spark.python.task.killTimeout``). The driver sweeps the failed run's
+    leftovers again once such stragglers are gone (:data:`~oncekit.core.spark.query.STRAGGLER_S`
+    after the failure), without holding the failure (and a restart) back meanwhile. The
+    straggler here is a transaction prepared by hand under the failed run's epoch, right after
+    the query failed; it holds the rows' locks and must not stay."""
+    produce_input(kafka, topic, COUNT)
+    create_table(postgres_dsn, unique_name, keyed=False)
+    sink = postgres_sink(postgres_dsn, unique_name, "two-phase-commit")
+    checkpoint = str(tmp_path / "checkpoint")
+    arm(crash_dir, "task_after_pre_commit", batch_id=1)
+    with pytest.raises(Exception):
+        run_available_now(integers(spark, kafka, topic, PER_BATCH), sink, checkpoint)
+    epoch = max(Journal(checkpoint, sink.sink_id).runs().values())
+    straggler = str(TransactionId(sink.sink_id, 1, 1, 10_000, epoch))
+    with psycopg.connect(postgres_dsn) as conn:
+        conn.execute(f"INSERT INTO {unique_name} VALUES (-1, 'straggler')")
+        conn.execute(f"PREPARE TRANSACTION '{straggler}'")
+    deadline = time.monotonic() + STRAGGLER_S + 60
+    while prepared_transactions(postgres_dsn, unique_name) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert prepared_transactions(postgres_dsn, unique_name) == []
+    assert -1 not in table_ids(postgres_dsn, unique_name)
 
 
 @pytest.mark.parametrize("notify", [True, False], ids=["listener", "no-listener"])
