@@ -176,15 +176,28 @@ class CheckpointEngine:
         self.sink.abort_batch(batch_id, [*committables, *(c for c in leftovers if c.key not in known)])
 
     def abort_unfinished(self) -> list[str]:
-        """Driver, once its query has stopped: abort what this run (its epoch; nothing for an
-        unfenced engine) holds open of batches Spark did not complete, so a stopped query leaves
-        nothing prepared or staged; the next start replays those batches. Returns their names."""
+        """Driver, once its query has stopped or failed: abort what this run (its epoch; nothing
+        for an unfenced engine) holds open that no commit will make visible: all it holds of
+        batches Spark did not complete (the next start replays them), and of completed batches
+        what their journal entries do not name (attempts that lost, such as a killed task that
+        pre-committed after its batch's sweep). Returns their names."""
         if not self.epoch:
             return []
+        journaled, _ = self.journal.entries()  # before the leftovers: an entry pruned after them was committed
         completed = self.spark_log.completed()
-        lost = [c for c in self.sink.leftovers() if c.epoch == self.epoch and not is_complete(c.batch_id, completed)]
-        for batch_id in sorted({c.batch_id for c in lost}):
-            self.sink.abort_batch(batch_id, [c for c in lost if c.batch_id == batch_id])
+        mine = [c for c in self.sink.leftovers() if c.epoch == self.epoch]
+        lost: list[Committable] = []
+        for batch_id in sorted({c.batch_id for c in mine}):
+            held = [c for c in mine if c.batch_id == batch_id]
+            if is_complete(batch_id, completed):
+                try:
+                    named = {c.key for c in self.journal.read(batch_id)} if batch_id in journaled else set()
+                except FileNotFoundError:
+                    continue  # pruned meanwhile: committed, and what it named with it
+                held = [c for c in held if c.key not in named]
+            if held:
+                self.sink.abort_batch(batch_id, held)
+                lost += held
         return [c.name for c in lost]
 
     def complete(self, up_to: int | None = None) -> list[int]:
