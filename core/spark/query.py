@@ -11,13 +11,14 @@ while the query runs on: there the run's committer on the server delivers the no
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
 import threading
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypedDict, cast
 
@@ -61,6 +62,11 @@ ACTIVE_POLL_S = 1.0
 """How often the batch watchdog asks whether its query is still active."""
 STOP_S = 120.0
 """How long a stalled query may take to stop before the driver process is declared stuck."""
+STRAGGLER_S = 3.0
+"""How long a killed task may still run after its batch failed: Spark destroys its Python worker
+after ``spark.python.task.killTimeout`` (2 s by default); 1 s more for a PREPARE already sent."""
+SWEEP_S = 60.0
+"""How long the driver's sweep of a failed run's stragglers may take (:func:`abort_stragglers`)."""
 
 
 class CheckpointListener:
@@ -161,11 +167,15 @@ class BatchWatchdog:
     checkpoint (:class:`~oncekit.core.stalls.StallLog`) and stops the query, so that
     :meth:`OncekitQuery.await_termination` raises StallError and the restart strategy takes over;
     a query that does not stop within :data:`STOP_S` raises QueryStuckError, which no restart
-    inside the process can mend. Started by :func:`start_query`; one daemon thread, which ends
-    with the query."""
+    inside the process can mend. When the run failed, whatever stopped it, the watchdog sweeps
+    what its killed tasks left once they are gone (``sweep``: :func:`abort_stragglers`, on a
+    thread of its own :data:`STRAGGLER_S` later). Started by :func:`start_query`; one daemon
+    thread, which ends with the query."""
 
-    def __init__(self, query: StreamingQuery, checkpoint: str, name: str, timeout_s: float, run: str = "") -> None:
+    def __init__(self, query: StreamingQuery, checkpoint: str, name: str, timeout_s: float, run: str = "",
+                 sweep: Callable[[], None] | None = None) -> None:
         self.query, self.checkpoint, self.name, self.timeout_s, self.run = query, checkpoint, name, timeout_s, run
+        self.sweep = sweep  # once the run failed: abort what killed tasks left (abort_stragglers)
         self.stall: OncekitError | None = None  # a StallError, or LeaseLostError when another driver took over
         self.stuck: QueryStuckError | None = None  # the query would not stop when this watchdog stopped it
         self._done = threading.Event()
@@ -186,15 +196,34 @@ class BatchWatchdog:
         try:
             self._watch_batches(QueryLease(self.checkpoint))
         finally:
+            failed = self._failed()
             if not self._done.is_set():
-                self._ended()
+                self._ended(failed)
+            if failed and self.sweep is not None and not isinstance(self.stall, LeaseLostError):
+                try:  # not a daemon: a driver that exits on the failure still sweeps first
+                    threading.Thread(target=self._sweep_stragglers, name=f"oncekit-straggler-sweep {self.name}").start()
+                except RuntimeError as exc:  # the interpreter is shutting down: the next start's recovery sweeps
+                    logger.info("query %s: no sweep of the failed run's stragglers: %s", self.name, exc)
 
-    def _ended(self) -> None:
-        kept = keeper(self.checkpoint)
+    def _failed(self) -> bool:
         try:
-            failed = self.stall is not None or self.query.exception() is not None
+            return self.stall is not None or self.query.exception() is not None
         except Exception:  # noqa: BLE001 - the session went away: keep the lease for a restart
-            failed = True
+            return True
+
+    def _sweep_stragglers(self) -> None:
+        """Once the run failed (whoever waits on it, and whether or not it is restarted): wait
+        :data:`STRAGGLER_S` for the failed batch's killed tasks to be gone, then sweep."""
+        assert self.sweep is not None
+        time.sleep(STRAGGLER_S)
+        try:
+            bounded(f"query {self.name}: sweep of the failed run's stragglers", SWEEP_S, self.sweep)
+        except Exception as exc:  # noqa: BLE001 - the next start's recovery aborts what is left
+            logger.warning("query %s: the sweep of the failed run's stragglers failed (the next start's recovery "
+                           "aborts what they left): %s", self.name, exc)
+
+    def _ended(self, failed: bool) -> None:
+        kept = keeper(self.checkpoint)
         if isinstance(self.stall, LeaseLostError):
             return
         if failed:
@@ -465,8 +494,7 @@ class OncekitQuery:
         self.query.stop()
         self._stopped()
         if self.run and not (self.watchdog is not None and isinstance(self.watchdog.stall, LeaseLostError)):
-            epoch = Journal(self.checkpoint, self.sink.sink_id).runs().get(self.run, 0)
-            CheckpointEngine.of(self.sink, self.checkpoint, epoch).abort_unfinished()
+            abort_unfinished(self.sink, self.checkpoint, self.run)
         self._release()
 
     def stop_at_batch_boundary(self, timeout_s: float = 120.0) -> None:
@@ -522,6 +550,27 @@ class OncekitQuery:
                 return True
             if deadline is not None and time.monotonic() >= deadline:
                 return False
+
+
+def abort_unfinished(sink: SinkConfig, checkpoint: str, run: str) -> list[str]:
+    """Driver: abort what query run ``run`` (its epoch; nothing of any other run's) holds open
+    that no commit will make visible (:meth:`~oncekit.core.engine.CheckpointEngine.abort_unfinished`).
+    Called by :meth:`OncekitQuery.stop`, and :data:`STRAGGLER_S` after a run failed by its
+    watchdog (:func:`abort_stragglers`)."""
+    epoch = Journal(checkpoint, sink.sink_id).runs().get(run, 0)
+    return CheckpointEngine.of(sink, checkpoint, epoch).abort_unfinished()
+
+
+def abort_stragglers(sink: SinkConfig, checkpoint: str, run: str) -> None:
+    """Driver, :data:`STRAGGLER_S` after run ``run`` failed (:class:`BatchWatchdog`): the stream
+    writer's abort swept the failed batch at once, while Spark's killed tasks could still
+    pre-commit; this sweeps what they left. Fenced by the run's epoch, so a restart that began
+    meanwhile loses nothing: its own transactions are never touched, and a replayed task that
+    waits on a straggler's locks goes on once it is aborted."""
+    aborted = abort_unfinished(sink, checkpoint, run)
+    if aborted:
+        logger.warning("sink %s: aborted %s, left by killed tasks of run %s's failed batch", sink.sink_id,
+                       ", ".join(aborted), run)
 
 
 def _release_same_query_elsewhere(checkpoint: str) -> None:
@@ -599,7 +648,8 @@ def start_query(
     keeper(checkpoint).query_id = str(query.id)
     if watcher is not None:
         watcher.watch(str(query.runId), sink, checkpoint, run.token or "")
-    watchdog = BatchWatchdog(query, checkpoint, query_name or sink.sink_id, timeout_s, run.token or "").start()
+    watchdog = BatchWatchdog(query, checkpoint, query_name or sink.sink_id, timeout_s, run.token or "",
+                             functools.partial(abort_stragglers, sink, checkpoint, run.token or "")).start()
     return OncekitQuery(query, sink, checkpoint, watcher, watchdog, run.committer, run.token or "")
 
 

@@ -23,7 +23,6 @@ import logging
 import os
 import struct
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -51,10 +50,6 @@ if TYPE_CHECKING:
 
 
 logger = logging.getLogger(__name__)
-
-# How long a killed task may still run: Spark destroys its Python worker after
-# spark.python.task.killTimeout (2 s by default); 1 s more for a PREPARE already sent.
-STRAGGLER_S = 3.0
 
 # Spark's local property that tells a task which micro-batch it belongs to.
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
@@ -205,17 +200,14 @@ class EngineStreamWriter(DataSourceStreamArrowWriter):
             committer.wake(self.config, self.checkpoint, self.token, batchId)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        """Driver: the batch failed; abort what its tasks pre-committed, then sweep the batch's
-        leftovers again once killed tasks are gone. Spark fails a batch as soon as one task fails
-        and kills the others without waiting: a killed task that already had its whole input
-        still pre-commits until Spark destroys its Python worker, after the first sweep (CI saw
-        a prepared transaction left so). The next query start's recovery aborts what a slower
-        straggler leaves."""
+        """Driver: the batch failed; abort what its tasks pre-committed. Spark fails a batch as
+        soon as one task fails and kills the others without waiting: a killed task that already
+        had its whole input may still pre-commit after this sweep, until Spark destroys its
+        Python worker. The driver sweeps the failed run again once those are gone
+        (:func:`~oncekit.core.spark.query.abort_stragglers`), so this returns at once and the
+        failure (and a restart) is not held back."""
         crash_point("driver_abort", batchId)
-        engine = self._engine()
-        engine.abort(batchId, _committables(messages))
-        time.sleep(STRAGGLER_S)
-        engine.abort(batchId, [])
+        self._engine().abort(batchId, _committables(messages))
 
 
 def _report(engine: CheckpointEngine, report: RecoveryReport) -> None:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 import random
+import time
 from typing import Any
 
-from oncekit.core.spark.query import OncekitQuery, start_query
+from oncekit.core.spark.query import STRAGGLER_S, OncekitQuery, start_query
 from oncekit.core.protocol import SinkConfig
 from oncekit.verify import (  # noqa: F401  (re-exported for the tests)
     COUNT,
@@ -45,3 +46,13 @@ def run_available_now(frame: Any, sink: SinkConfig, checkpoint: str, notify: boo
     query = start_query(frame, sink, checkpoint, trigger={"availableNow": True}, notify=notify)
     query.await_termination()
     return query
+
+
+def prepared_after_the_sweep(dsn: str, target: str = "") -> list[str]:
+    """After a query failed: the prepared transactions of ``target``'s sinks once the driver's
+    sweep of the failed run's stragglers had its time (:data:`STRAGGLER_S` after the failure,
+    which comes at once), and at most a minute more."""
+    deadline = time.monotonic() + STRAGGLER_S + 60
+    while prepared_transactions(dsn, target) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return prepared_transactions(dsn, target)

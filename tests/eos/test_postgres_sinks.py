@@ -18,11 +18,10 @@ from oncekit.core.crash import POINTS, arm, fired
 from oncekit.core.journal import Journal
 from oncekit.core.names import TransactionId
 from oncekit.core.spark.query import CheckpointListener, start_query
-from oncekit.core.spark.writer import STRAGGLER_S
 from oncekit.sinks.postgres import postgres_sink
 from oncekit.verify import compare
-from tests.eos.pipeline import (COUNT, PER_BATCH, integers, prepared_transactions, produce_input, run_available_now,
-                                table_ids, read_by, with_connectors)
+from tests.eos.pipeline import (COUNT, PER_BATCH, integers, prepared_after_the_sweep, prepared_transactions, produce_input,
+                                run_available_now, table_ids, read_by, with_connectors)
 
 pytestmark = [pytest.mark.services, pytest.mark.spark]
 
@@ -111,10 +110,7 @@ def test_a_failed_batchs_straggler_is_rolled_back_by_the_driver_without_waiting_
     with psycopg.connect(postgres_dsn) as conn:
         conn.execute(f"INSERT INTO {unique_name} VALUES (-1, 'straggler')")
         conn.execute(f"PREPARE TRANSACTION '{straggler}'")
-    deadline = time.monotonic() + STRAGGLER_S + 60
-    while prepared_transactions(postgres_dsn, unique_name) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert prepared_transactions(postgres_dsn, unique_name) == []
+    assert prepared_after_the_sweep(postgres_dsn, unique_name) == []
     assert -1 not in table_ids(postgres_dsn, unique_name)
 
 
@@ -188,7 +184,7 @@ def test_postgres_bad_row_fails_query_with_named_error_and_commits_nothing_of_ba
     # Batch 0 completed and committed; nothing of batch 1 (which holds id 500) is visible.
     ids = table_ids(postgres_dsn, unique_name)
     assert 500 not in ids and len(ids) == PER_BATCH
-    assert prepared_transactions(postgres_dsn) == []
+    assert prepared_after_the_sweep(postgres_dsn, unique_name) == []
 
 
 def test_supervisor_restarts_crashed_query_from_checkpoint_exactly_once(
