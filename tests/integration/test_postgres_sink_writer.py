@@ -225,3 +225,39 @@ def test_postgres_sink_timestamps_arrive_as_the_same_instants(
             (2, None, None, None),
             (3, instants[1], instants[1].astimezone(ZoneInfo(zone)).replace(tzinfo=None), instants[1].replace(tzinfo=None))]
     assert content(postgres_dsn, unique_name) == want
+
+
+def test_postgres_sinks_preflighted_side_by_side_on_a_new_schema_all_pass(
+    postgres_dsn: str, unique_name: str, tmp_path: Path,
+) -> None:
+    """Sinks that start at the same moment (the targets of a fan-out, two jobs) create the kit's
+    tables in their schema at once; PostgreSQL's CREATE TABLE IF NOT EXISTS is not safe against
+    a concurrent one (a unique violation on the catalog), and no preflight may fail for it."""
+    import threading
+
+    for round_ in range(4):
+        schema = f"{unique_name}_{round_}"
+        with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+            conn.execute(f"CREATE SCHEMA {schema}")
+        sinks = []
+        for index, protocol in enumerate(["two-phase-commit", "write-ahead-log"] * 3):
+            table = f"{schema}.t{index}"
+            create_table(postgres_dsn, table, "id int NOT NULL, payload text NOT NULL")
+            sinks.append(postgres_sink(postgres_dsn, table, protocol, columns=("id", "payload"),
+                                       dead_letter_table=f"{schema}.dead_letters").build(str(tmp_path / schema)))
+        start = threading.Barrier(len(sinks))
+        failed: list[BaseException] = []
+
+        def preflight(sink: Any) -> None:
+            start.wait()
+            try:
+                sink.preflight()
+            except BaseException as exc:
+                failed.append(exc)
+
+        threads = [threading.Thread(target=preflight, args=(sink,)) for sink in sinks]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert failed == [], [f"{type(exc).__name__}: {exc}" for exc in failed]
