@@ -95,6 +95,24 @@ def add_once(conn: psycopg.Connection[Any], table: str, what: str, exists: str, 
                        "start", table, what)
 
 
+DDL_LOCK = "oncekit-ddl"
+"""The advisory lock's name (hashed to its key) that :func:`kit_ddl` holds."""
+
+
+@contextmanager
+def kit_ddl(conn: psycopg.Connection[Any]) -> Iterator[None]:
+    """Driver, preflight (autocommit ``conn``): one session of the database at a time creates or
+    changes the kit's tables. CREATE ... IF NOT EXISTS is not safe against a concurrent one
+    (PostgreSQL answers a unique violation on its catalog), and sinks start side by side (a
+    fan-out's targets, two jobs). A session-level advisory lock, so that :func:`add_once`'s own
+    transactions run inside it; the server releases it if the session dies."""
+    conn.execute("SELECT pg_advisory_lock(hashtext(%s))", (DDL_LOCK,))
+    try:
+        yield
+    finally:
+        conn.execute("SELECT pg_advisory_unlock(hashtext(%s))", (DDL_LOCK,))
+
+
 def _digest(*parts: str) -> str:
     return hashlib.sha1("\0".join(parts).encode()).hexdigest()[:16]
 
@@ -348,7 +366,8 @@ class PostgresSinkBase(Sink):
                                   f"{', '.join(sorted(set(missing)))}; it has {', '.join(existing)}")
             if config.key_columns:
                 self._check_conflict_target(conn)
-            self._create_tables(conn)
+            with kit_ddl(conn):
+                self._create_tables(conn)
 
     def recorded_owner(self) -> SinkOwner | None:
         with self.connection(autocommit=True) as conn:
