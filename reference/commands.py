@@ -45,7 +45,7 @@ def run_pipeline(config_path: str | None, overrides: Mapping[str, Any], from_sav
     if standby:
         pipeline.queries(spark)  # the sources registered and the plans analyzed while it waits
         stand_by(spark, [f"{pipeline.checkpoint}/{name}" for name in QUERIES], announce=print, modules=WARM_UP_MODULES,
-                 analyze=analyze_for_warm_up)
+                 analyze=analyze_for_warm_up, plan=ReferencePipeline.warm_up_plan(pipeline.config.pipeline))
         print("standby: taking over", flush=True)
     if from_savepoint:
         restored = pipeline.restore(spark, from_savepoint, state_partitions)

@@ -42,7 +42,7 @@ from oncekit.core.deadline import begin
 from oncekit.core.spark.query import progress_started
 from oncekit.core.spark.session import spark_session
 from oncekit.reference.commands import status_page
-from oncekit.reference.config import PipelineConfig, load
+from oncekit.reference.config import PipelineConfig, RunConfig, load
 from oncekit.reference.generator import Workload, events, produce
 from oncekit.reference.outputs import Observed, observe, require_empty
 from oncekit.reference.pipeline import ReferencePipeline
@@ -339,7 +339,7 @@ def main(backend: str | None = None, records: int = 200_000, config_path: str | 
     os.environ[crash_points.CRASH_DIR_ENV] = str(work_dir / "crash")
     print(f"spark log: {work_dir / 'spark.log'}", flush=True)
     with spark_output_to(work_dir / "spark.log") as out:
-        spark_start = begin("demo: Spark's start and warm-up", start_spark)  # while the services start
+        spark_start = begin("demo: Spark's start and warm-up", start_spark, config.pipeline)  # while the services start
         started = time.monotonic()
         services = start_services(config.services.backend)
         print(f"services ({services.backend}): kafka {services.kafka.bootstrap_servers}, postgres ready "
@@ -371,13 +371,13 @@ SPARK_START_S = 600.0
 """How long the demo waits for its Spark session's start and warm-up."""
 
 
-def start_spark() -> float:
-    """The demo's Spark session started and warmed up for the pipeline
+def start_spark(run: RunConfig) -> float:
+    """The demo's Spark session started and warmed up for the pipeline with ``run``'s settings
     (:meth:`ReferencePipeline.warm_up`: Spark's Python processes started, the kit's modules
-    imported); returns the seconds it took. :func:`main` runs it on a thread of its own
-    (:func:`~oncekit.core.deadline.begin`) while the services start: neither needs the other,
-    and the first batch no longer pays for it. The crash directory must be in the environment
-    by then (Spark's processes inherit it)."""
+    imported, the pipeline's plan run once on made-up records); returns the seconds it took.
+    :func:`main` runs it on a thread of its own (:func:`~oncekit.core.deadline.begin`) while the
+    services start: neither needs the other, and the first batch no longer pays for it. The
+    crash directory must be in the environment by then (Spark's processes inherit it)."""
     started = time.monotonic()
-    ReferencePipeline.warm_up(spark_session(SESSION_NAME))
+    ReferencePipeline.warm_up(spark_session(SESSION_NAME), run)
     return time.monotonic() - started

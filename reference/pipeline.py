@@ -43,7 +43,7 @@ from oncekit.core.fanout import FanOutConfig, fan_out
 from oncekit.core.savepoint import Savepoint
 from oncekit.core.spark_log import SparkLog
 from oncekit.reference import outputs
-from oncekit.reference.config import PipelineConfig
+from oncekit.reference.config import PipelineConfig, RunConfig
 from oncekit.sinks.kafka import kafka_sink
 from oncekit.sinks.postgres import postgres_sink
 from oncekit.sources.kafka import WARM_UP_MODULES as SOURCE_AND_SINK_MODULES
@@ -140,94 +140,13 @@ class ReferencePipeline:
 
     # -- the queries ---------------------------------------------------------------------------
 
-    def parsed(self, spark: SparkSession) -> DataFrame:
-        """Every payments record with its parsed fields and, for records that are not a
-        payment, the reason (NULL for good ones)."""
-        from pyspark.sql import functions as F
-
-        raw = kafka_stream(spark, self.bootstrap, self.config.topics.payments,
-                           max_offsets_per_trigger=self.config.pipeline.max_offsets_per_trigger,
-                           connector=self.config.pipeline.source)
-        text = F.col("value").cast("string")
-        # The four fields as text (a JSON number as its digits), and text that is not a JSON
-        # object in the corrupt-record column (or the whole struct NULL): a struct is parsed
-        # without building a map per record, with the same field values a map<string,string> gives.
-        fields = F.from_json(text, f"{FIELDS}, _corrupt string", {"columnNameOfCorruptRecord": "_corrupt"})
-        event_time = F.expr("try_cast(fields['event_time'] AS timestamp)")
-        checks = [
-            (F.col("fields")["event_id"].isNull(), "event_id missing"),
-            (F.expr("try_cast(fields['account_id'] AS bigint)").isNull(), "account_id missing or not an integer"),
-            (F.expr("try_cast(fields['amount_cents'] AS bigint)").isNull(), "amount_cents missing or not an integer"),
-            (event_time.isNull(), "event_time missing or not a timestamp"),
-        ]
-        problems = F.concat_ws("; ", *[F.when(bad, F.lit(reason)) for bad, reason in checks])
-        return (raw.select(F.col("partition").alias("kafka_partition"), F.col("offset").alias("kafka_offset"),
-                           F.col("timestamp").alias("kafka_ts"), text.alias("raw"), fields.alias("fields"))
-                .select("kafka_partition", "kafka_offset", "kafka_ts", "raw", "fields",
-                        F.when(F.col("fields").isNull() | F.col("fields._corrupt").isNotNull(), F.lit("not a JSON object"))
-                         .when(problems != "", problems).alias("reason"))
-                .select("kafka_partition", "kafka_offset", "kafka_ts", "raw", "reason",
-                        F.col("fields")["event_id"].alias("event_id"),
-                        F.expr("try_cast(fields['account_id'] AS bigint)").alias("account_id"),
-                        F.expr("try_cast(fields['amount_cents'] AS bigint)").alias("amount_cents"),
-                        F.expr("unix_millis(try_cast(fields['event_time'] AS timestamp))").alias("event_ms")))
-
-    def processed(self, spark: SparkSession) -> DataFrame:
-        """Every payments record once through :class:`~oncekit.reference.processor.PaymentProcessor`:
-        rows of kind ``balance``, ``total``, ``late`` and ``dead`` (schema ``PROCESSED_SCHEMA``).
-
-        One branch from the source to the sink: a second branch for the dead letters would make
-        Spark read the topic twice per batch. Duplicates (same event id) are dropped in the JVM
-        before the processor, so the processor makes no state call per event; their watermark
-        runs on the Kafka record time, which the log fixes: an upstream duplicate arrives within
-        ``dedup_ttl_s`` of the first copy and is dropped whatever the batch boundaries, and a
-        payment late by event time is not late here. Records that are not a payment keep their
-        own (partition, offset) as dedup key and go to a group of their partition (negative
-        keys; payments are grouped by ``account mod buckets``, never negative), with their
-        numeric fields 0 instead of NULL so that the processor's pandas columns stay int64 (a
-        NULL would turn a column into floats and large amounts inexact). The processor runs as
-        applyInPandasWithState in append mode (the kit's sinks take appends): each row it
-        emits is a fact of its batch, and the sinks turn balance and total rows into upserts by
-        key."""
-        from pyspark.sql import functions as F
-
-        from oncekit.reference.processor import PROCESSED_SCHEMA, STATE_SCHEMA, PaymentProcessor
-
-        run = self.config.pipeline
-        good = F.col("reason").isNull()
-        records = (self.parsed(spark)
-                   .withColumn("dedup_key", F.when(good, F.col("event_id")).otherwise(
-                       F.format_string("dead:%d:%d", "kafka_partition", "kafka_offset")))
-                   .withColumn("group_key", F.when(good, F.pmod("account_id", F.lit(run.buckets)))
-                               .otherwise(-1 - F.col("kafka_partition")))
-                   .withWatermark("kafka_ts", f"{run.dedup_ttl_s} seconds")
-                   .dropDuplicatesWithinWatermark(["dedup_key"])
-                   .select("group_key", *(F.coalesce(name, F.lit(0)).alias(name)
-                                          for name in ("account_id", "amount_cents", "event_ms")),
-                           "event_id", "kafka_partition", "kafka_offset", "raw", "reason"))
-        return records.groupBy("group_key").applyInPandasWithState(
-            PaymentProcessor(run.allowed_lateness_s * 1000), outputStructType=PROCESSED_SCHEMA,
-            stateStructType=STATE_SCHEMA, outputMode="append", timeoutConf="NoTimeout")
-
     def routed(self, spark: SparkSession) -> DataFrame:
-        """Every output row of one batch in one frame, with the name of its target in ``target``
-        and the union of the targets' columns (each target takes its own; the rest are NULL).
-        A balance row goes to two targets: the table and the topic."""
-        from pyspark.sql import functions as F
-
-        target = {"balance": F.array(F.lit("balances"), F.lit("balance_updates")), "total": F.array(F.lit("minute_totals")),
-                  "late": F.array(F.lit("late_events")), "dead": F.array(F.lit("dead_letters"))}
-        kind = F.col("kind")
-        routes = F.when(kind == "balance", target["balance"]).when(kind == "total", target["total"]) \
-            .when(kind == "late", target["late"]).otherwise(target["dead"])
-        return self.processed(spark).select(
-            F.explode(routes).alias("target"),
-            "account_id", "balance_cents", "events", F.timestamp_millis("minute_ms").alias("minute"), "total_cents",
-            "event_id", "amount_cents", F.timestamp_millis("event_ms").alias("event_time"),
-            F.timestamp_millis("watermark_ms").alias("watermark"),
-            F.col("account_id").cast("string").alias("key"),
-            F.when(kind == "balance", F.to_json(F.struct("account_id", "balance_cents", "events"))).alias("value"),
-            "kafka_partition", "kafka_offset", "raw", "reason")
+        """The pipeline's frame: the payments topic through :func:`parse`, :func:`process` and
+        :func:`route`."""
+        run = self.config.pipeline
+        raw = kafka_stream(spark, self.bootstrap, self.config.topics.payments,
+                           max_offsets_per_trigger=run.max_offsets_per_trigger, connector=run.source)
+        return route(process(parse(raw), run))
 
     def sink(self) -> FanOutConfig:
         """The fan-out to the five targets. Sink ids derive from the target tables and topic
@@ -267,17 +186,29 @@ class ReferencePipeline:
     # -- running -------------------------------------------------------------------------------
 
     @staticmethod
-    def warm_up(spark: SparkSession) -> float:
-        """Start the Spark processes the pipeline's first batch needs, before it runs: Spark's
-        Python planner processes, and task workers that have imported :data:`WARM_UP_MODULES`
-        (:func:`oncekit.core.spark.standby.warm_up`; Spark reuses its task workers). Touches no
-        service and no checkpoint, so it can run while the services start: the demo does so,
-        and a standby does it while it waits. Returns the seconds it took. Without it, a fresh
-        session's first batch starts each of those processes and imports in each of them, one
-        stage after the other (docs/reference-pipeline.md, "Where the time goes")."""
+    def warm_up(spark: SparkSession, run: RunConfig | None = None) -> float:
+        """Start the Spark processes the pipeline's first batch needs and run its plan once,
+        before it runs: Spark's Python planner processes, task workers that have imported
+        :data:`WARM_UP_MODULES` (Spark reuses its task workers), and one micro-batch of two
+        made-up payments through the pipeline's own :func:`parse`, :func:`process` (with
+        ``run``'s settings) and :func:`route` into a sink that keeps nothing, so that the JVM
+        has planned and compiled its operators, loaded RocksDB and run the processor
+        (:func:`oncekit.core.spark.standby.warm_up`). Touches no service and no checkpoint, so it
+        can run while the services start: the demo does so, and a standby does it while it
+        waits. Returns the seconds it took. Without it, a fresh session's first batch starts
+        each of those processes and imports in each of them, one stage after the other
+        (docs/reference-pipeline.md, "Where the time goes")."""
         from oncekit.core.spark.standby import warm_up
 
-        return warm_up(spark, WARM_UP_MODULES, analyze_for_warm_up)
+        return warm_up(spark, WARM_UP_MODULES, analyze_for_warm_up, ReferencePipeline.warm_up_plan(run))
+
+    @staticmethod
+    def warm_up_plan(run: RunConfig | None = None) -> Callable[[DataFrame], DataFrame]:
+        """The pipeline's plan over the warm-up source (:func:`made_up_payments`), with ``run``'s
+        settings (the defaults if None): the ``plan`` of :func:`oncekit.core.spark.standby.warm_up`
+        and of the pipeline's standby."""
+        settings = run or RunConfig()
+        return lambda frame: route(process(parse(made_up_payments(frame)), settings))
 
     def start(self, spark: SparkSession) -> list[OncekitQuery]:
         """Start every query from its checkpoint under :attr:`checkpoint`."""
@@ -411,3 +342,104 @@ class ReferencePipeline:
         committed batches, payments records consumed by committed batches, and prepared
         transactions waiting in PostgreSQL."""
         return outputs.progress(self.checkpoint, QUERIES, "pipeline", self.dsn)
+
+
+def made_up_payments(frame: DataFrame) -> DataFrame:
+    """For :meth:`ReferencePipeline.warm_up`: a payment record in Kafka's columns for each row
+    of ``frame`` (the warm-up source's, an int ``value`` per row), on the row's value as
+    partition."""
+    from pyspark.sql import functions as F
+
+    payment = F.format_string('{"event_id": "warm-up-%d", "account_id": %d, "amount_cents": 100, '
+                              '"event_time": "2026-01-01T00:00:00+00:00"}', "value", "value")
+    return frame.select(F.col("value").alias("partition"), F.col("value").cast("long").alias("offset"),
+                        F.current_timestamp().alias("timestamp"), payment.cast("binary").alias("value"))
+
+
+def parse(raw: DataFrame) -> DataFrame:
+    """Every payments record of ``raw`` (Kafka's columns ``partition``, ``offset``, ``timestamp``
+    and ``value``) with its parsed fields and, for records that are not a payment, the reason
+    (NULL for good ones)."""
+    from pyspark.sql import functions as F
+
+    text = F.col("value").cast("string")
+    # The four fields as text (a JSON number as its digits), and text that is not a JSON
+    # object in the corrupt-record column (or the whole struct NULL): a struct is parsed
+    # without building a map per record, with the same field values a map<string,string> gives.
+    fields = F.from_json(text, f"{FIELDS}, _corrupt string", {"columnNameOfCorruptRecord": "_corrupt"})
+    event_time = F.expr("try_cast(fields['event_time'] AS timestamp)")
+    checks = [
+        (F.col("fields")["event_id"].isNull(), "event_id missing"),
+        (F.expr("try_cast(fields['account_id'] AS bigint)").isNull(), "account_id missing or not an integer"),
+        (F.expr("try_cast(fields['amount_cents'] AS bigint)").isNull(), "amount_cents missing or not an integer"),
+        (event_time.isNull(), "event_time missing or not a timestamp"),
+    ]
+    problems = F.concat_ws("; ", *[F.when(bad, F.lit(reason)) for bad, reason in checks])
+    return (raw.select(F.col("partition").alias("kafka_partition"), F.col("offset").alias("kafka_offset"),
+                       F.col("timestamp").alias("kafka_ts"), text.alias("raw"), fields.alias("fields"))
+            .select("kafka_partition", "kafka_offset", "kafka_ts", "raw", "fields",
+                    F.when(F.col("fields").isNull() | F.col("fields._corrupt").isNotNull(), F.lit("not a JSON object"))
+                     .when(problems != "", problems).alias("reason"))
+            .select("kafka_partition", "kafka_offset", "kafka_ts", "raw", "reason",
+                    F.col("fields")["event_id"].alias("event_id"),
+                    F.expr("try_cast(fields['account_id'] AS bigint)").alias("account_id"),
+                    F.expr("try_cast(fields['amount_cents'] AS bigint)").alias("amount_cents"),
+                    F.expr("unix_millis(try_cast(fields['event_time'] AS timestamp))").alias("event_ms")))
+
+
+def process(parsed: DataFrame, run: RunConfig) -> DataFrame:
+    """Every payments record of ``parsed`` (:func:`parse`) once through :class:`~oncekit.reference.processor.PaymentProcessor`:
+    rows of kind ``balance``, ``total``, ``late`` and ``dead`` (schema ``PROCESSED_SCHEMA``).
+
+    One branch from the source to the sink: a second branch for the dead letters would make
+    Spark read the topic twice per batch. Duplicates (same event id) are dropped in the JVM
+    before the processor, so the processor makes no state call per event; their watermark
+    runs on the Kafka record time, which the log fixes: an upstream duplicate arrives within
+    ``dedup_ttl_s`` of the first copy and is dropped whatever the batch boundaries, and a
+    payment late by event time is not late here. Records that are not a payment keep their
+    own (partition, offset) as dedup key and go to a group of their partition (negative
+    keys; payments are grouped by ``account mod buckets``, never negative), with their
+    numeric fields 0 instead of NULL so that the processor's pandas columns stay int64 (a
+    NULL would turn a column into floats and large amounts inexact). The processor runs as
+    applyInPandasWithState in append mode (the kit's sinks take appends): each row it
+    emits is a fact of its batch, and the sinks turn balance and total rows into upserts by
+    key."""
+    from pyspark.sql import functions as F
+
+    from oncekit.reference.processor import PROCESSED_SCHEMA, STATE_SCHEMA, PaymentProcessor
+
+    good = F.col("reason").isNull()
+    records = (parsed
+               .withColumn("dedup_key", F.when(good, F.col("event_id")).otherwise(
+                   F.format_string("dead:%d:%d", "kafka_partition", "kafka_offset")))
+               .withColumn("group_key", F.when(good, F.pmod("account_id", F.lit(run.buckets)))
+                           .otherwise(-1 - F.col("kafka_partition")))
+               .withWatermark("kafka_ts", f"{run.dedup_ttl_s} seconds")
+               .dropDuplicatesWithinWatermark(["dedup_key"])
+               .select("group_key", *(F.coalesce(name, F.lit(0)).alias(name)
+                                      for name in ("account_id", "amount_cents", "event_ms")),
+                       "event_id", "kafka_partition", "kafka_offset", "raw", "reason"))
+    return records.groupBy("group_key").applyInPandasWithState(
+        PaymentProcessor(run.allowed_lateness_s * 1000), outputStructType=PROCESSED_SCHEMA,
+        stateStructType=STATE_SCHEMA, outputMode="append", timeoutConf="NoTimeout")
+
+
+def route(processed: DataFrame) -> DataFrame:
+    """Every output row of ``processed`` (:func:`process`) in one frame, with the name of its target in ``target``
+    and the union of the targets' columns (each target takes its own; the rest are NULL).
+    A balance row goes to two targets: the table and the topic."""
+    from pyspark.sql import functions as F
+
+    target = {"balance": F.array(F.lit("balances"), F.lit("balance_updates")), "total": F.array(F.lit("minute_totals")),
+              "late": F.array(F.lit("late_events")), "dead": F.array(F.lit("dead_letters"))}
+    kind = F.col("kind")
+    routes = F.when(kind == "balance", target["balance"]).when(kind == "total", target["total"]) \
+        .when(kind == "late", target["late"]).otherwise(target["dead"])
+    return processed.select(
+        F.explode(routes).alias("target"),
+        "account_id", "balance_cents", "events", F.timestamp_millis("minute_ms").alias("minute"), "total_cents",
+        "event_id", "amount_cents", F.timestamp_millis("event_ms").alias("event_time"),
+        F.timestamp_millis("watermark_ms").alias("watermark"),
+        F.col("account_id").cast("string").alias("key"),
+        F.when(kind == "balance", F.to_json(F.struct("account_id", "balance_cents", "events"))).alias("value"),
+        "kafka_partition", "kafka_offset", "raw", "reason")

@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 
 import pyarrow as pa
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceStreamArrowWriter,
@@ -127,20 +127,23 @@ class WarmUpDataSource(DataSource):
 
 
 def warm_up(spark: SparkSession, modules: Sequence[str] = (),
-            analyze: Callable[[SparkSession], object] = lambda spark: None) -> float:
+            analyze: Callable[[SparkSession], object] = lambda spark: None,
+            plan: Callable[[DataFrame], DataFrame] = lambda frame: frame) -> float:
     """Standby driver, before it waits and every :data:`REWARM_S` while it does: ``analyze`` (the
     caller's: analyze a frame of the query's source, so Spark's planner processes start) and run
     one micro-batch of a throwaway query (:class:`WarmUpDataSource`) whose task workers import
     ``modules`` (the caller's sinks and sources), so that Spark's Python processes for the real
-    query are started. Touches no service and no checkpoint of the user's; returns the seconds it
-    took (0 on a Spark Connect session)."""
+    query are started. ``plan`` (the caller's) turns the warm-up source's two rows (an int
+    ``value``) into what the throwaway sink takes: the query's own operators there (its state,
+    shuffle and Python functions) are planned, compiled and run once. Touches no service and no
+    checkpoint of the user's; returns the seconds it took (0 on a Spark Connect session)."""
     if is_connect(spark):
         return 0.0
     started = time.monotonic()
     analyze(spark)
     register_data_source(spark, WarmUpDataSource)
     with tempfile.TemporaryDirectory(prefix="oncekit-warm-up-") as checkpoint:
-        query = (spark.readStream.format(WARM_UP_FORMAT).option("modules", ",".join(modules)).load()
+        query = (plan(spark.readStream.format(WARM_UP_FORMAT).option("modules", ",".join(modules)).load())
                  .writeStream.format(WARM_UP_FORMAT).option("modules", ",".join(modules))
                  .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
         try:
@@ -152,11 +155,12 @@ def warm_up(spark: SparkSession, modules: Sequence[str] = (),
 
 def stand_by(spark: SparkSession, checkpoints: Sequence[str], announce: Callable[[str], None] = logger.info,
              warmed: Callable[[], None] = lambda: None, modules: Sequence[str] = (),
-             analyze: Callable[[SparkSession], object] = lambda spark: None) -> None:
-    """A standby driver's wait: warm ``spark`` up (:func:`warm_up` with ``modules`` and
-    ``analyze``) and call ``warmed``, then return once no live driver holds any of
+             analyze: Callable[[SparkSession], object] = lambda spark: None,
+             plan: Callable[[DataFrame], DataFrame] = lambda frame: frame) -> None:
+    """A standby driver's wait: warm ``spark`` up (:func:`warm_up` with ``modules``, ``analyze``
+    and ``plan``) and call ``warmed``, then return once no live driver holds any of
     ``checkpoints``' leases (:func:`~oncekit.core.lease.wait_free`), warming up again every
     :data:`REWARM_S`. Build the query's frames before, start the queries after."""
-    announce(f"standby: warmed up in {warm_up(spark, modules, analyze):.1f} s")
+    announce(f"standby: warmed up in {warm_up(spark, modules, analyze, plan):.1f} s")
     warmed()
-    wait_free(checkpoints, announce=announce, every=(REWARM_S, lambda: warm_up(spark, modules, analyze)))
+    wait_free(checkpoints, announce=announce, every=(REWARM_S, lambda: warm_up(spark, modules, analyze, plan)))
