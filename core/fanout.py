@@ -30,7 +30,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -40,6 +40,7 @@ from oncekit.core.errors import ConfigError, TaskInputCutError
 from oncekit.core.protocol import Committable, DeliveryGuarantee, Sink, SinkConfig, SinkOwner, TaskInfo
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 FORMAT = "oncekit-fanout"
 
@@ -131,8 +132,7 @@ class FanOutSink(Sink):
         return any(sink.commits_in_task for sink in self.targets.values())
 
     def preflight(self, resumed: bool = False) -> None:
-        for sink in self.targets.values():
-            sink.preflight(resumed)
+        self._each(lambda sink: sink.preflight(resumed))
 
     def write_partition(self, task: TaskInfo, batches: Iterator[pa.RecordBatch]) -> list[Committable]:
         """Task: route each Arrow batch of the partition to its targets as it arrives; every
@@ -177,6 +177,17 @@ class FanOutSink(Sink):
             if part.num_rows:
                 feed.put(part)
 
+    def _each(self, call: Callable[[Sink], T]) -> list[T]:
+        """Driver: ``call`` on every target side by side (each waits on its own service's round
+        trips: a query's start checks, recovers and claims every target); the results in the
+        targets' order, or the first target's error in that order once all have returned. The
+        commit of a batch is not made so: it goes target after target, with a crash point between."""
+        if len(self.targets) < 2:
+            return [call(sink) for sink in self.targets.values()]
+        with ThreadPoolExecutor(len(self.targets), thread_name_prefix="oncekit-fanout-driver") as pool:
+            results = [pool.submit(call, sink) for sink in self.targets.values()]
+        return [result.result() for result in results]
+
     def _by_target(self, committables: Sequence[Committable]) -> Iterator[tuple[Sink, list[Committable]]]:
         for sink in self.targets.values():
             yield sink, [c for c in committables if c.sink_id == sink.sink_id]
@@ -190,21 +201,18 @@ class FanOutSink(Sink):
             sink.commit_batch(batch_id, part)
 
     def abort_batch(self, batch_id: int, committables: Sequence[Committable]) -> None:
-        for sink, part in self._by_target(committables):
-            if part:
-                sink.abort_batch(batch_id, part)
+        parts = {sink.sink_id: part for sink, part in self._by_target(committables)}
+        self._each(lambda sink: sink.abort_batch(batch_id, parts[sink.sink_id]) if parts[sink.sink_id] else None)
 
     def leftovers(self, batch_ids: Iterable[int] | None = None) -> list[Committable]:
         wanted = None if batch_ids is None else list(batch_ids)
-        return [c for sink in self.targets.values() for c in sink.leftovers(wanted)]
+        return [c for found in self._each(lambda sink: sink.leftovers(wanted)) for c in found]
 
     def refuse_claimed(self, owner: SinkOwner, in_use: Callable[[SinkOwner, SinkOwner], str | None]) -> None:
-        for sink in self.targets.values():
-            sink.refuse_claimed(owner, in_use)
+        self._each(lambda sink: sink.refuse_claimed(owner, in_use))
 
     def claim(self, owner: SinkOwner) -> None:
-        for sink in self.targets.values():
-            sink.claim(owner)
+        self._each(lambda sink: sink.claim(owner))
 
     def act_for(self, epoch: int) -> None:
         self.epoch = epoch
@@ -214,7 +222,7 @@ class FanOutSink(Sink):
     def take_epoch(self, floor: int) -> int:
         """Each target takes an epoch above ``floor``; the run's is the highest, so that it is at
         or above every target's record and the next run's is above all of them."""
-        return max(sink.take_epoch(floor) for sink in self.targets.values())
+        return max(self._each(lambda sink: sink.take_epoch(floor)))
 
     def forget(self, before_batch: int) -> None:
         for sink in self.targets.values():
