@@ -5,6 +5,7 @@ and JSON, refused rows with and without a dead-letter table."""
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -233,8 +234,6 @@ def test_postgres_sinks_preflighted_side_by_side_on_a_new_schema_all_pass(
     """Sinks that start at the same moment (the targets of a fan-out, two jobs) create the kit's
     tables in their schema at once; PostgreSQL's CREATE TABLE IF NOT EXISTS is not safe against
     a concurrent one (a unique violation on the catalog), and no preflight may fail for it."""
-    import threading
-
     for round_ in range(4):
         schema = f"{unique_name}_{round_}"
         with psycopg.connect(postgres_dsn, autocommit=True) as conn:
