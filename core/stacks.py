@@ -88,3 +88,12 @@ def spark_threads(dump: str) -> str:
     blocks = dump.split("\n\n")
     kept = [b for b in blocks if b.startswith('"') and any(w in b.split("\n", 1)[0] or w in b for w in wanted)]
     return "\n\n".join(kept) if kept else dump[:4000]
+
+
+def log_tail(log: Path, lines: int) -> str:
+    """The last ``lines`` of the process log ``log``, joined by " | " (empty if it cannot be read):
+    what a service or driver process printed before it exited, for the error that names it."""
+    try:
+        return " | ".join(log.read_text(errors="replace").strip().splitlines()[-lines:])
+    except OSError:
+        return ""

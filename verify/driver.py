@@ -20,7 +20,7 @@ from typing import Any
 from oncekit.core.crash import CRASH_DIR_ENV
 from oncekit.core.errors import VerifyError
 from oncekit.core.spark_log import SparkLog
-from oncekit.core.stacks import process_stacks
+from oncekit.core.stacks import log_tail, process_stacks
 from oncekit.verify.examples import PipelineContext, resolve
 
 logger = logging.getLogger(__name__)
@@ -58,6 +58,9 @@ def start_driver(pipeline: str, ctx: PipelineContext, crash_dir: str, drain: boo
         if log:
             out.close()  # type: ignore[union-attr]
 
+
+LOG_TAIL_LINES = 12
+"""How much of a driver's log an error about it quotes."""
 
 DRIVER_ENV = "ONCEKIT_VERIFY_DRIVER"
 """Names a driver process in its timeline: under a prefix such as ``unshare --pid`` the process
@@ -151,16 +154,18 @@ class Timeline:
         return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
 
 
+def reached(process: subprocess.Popen[bytes], checkpoint: str, step: str) -> bool:
+    """The driver ``process`` noted ``step`` in the timeline of ``checkpoint`` (:class:`Timeline`)."""
+    driver = _drivers.get(process.pid)
+    return any(e["step"] == step and (e.get("driver") == driver if driver else e["pid"] == process.pid)
+               for e in Timeline(checkpoint).read())
+
+
 def wait_step(process: subprocess.Popen[bytes], checkpoint: str, step: str, timeout_s: float, where: str) -> None:
     """Wait until the driver ``process`` notes ``step`` in the timeline of ``checkpoint``
     (:class:`Timeline`); VerifyError naming ``where`` if it exits or ``timeout_s`` passes first."""
-    timeline, deadline = Timeline(checkpoint), time.monotonic() + timeout_s
-    driver = _drivers.get(process.pid)
-
-    def its(entry: dict[str, Any]) -> bool:
-        return entry.get("driver") == driver if driver else entry["pid"] == process.pid
-
-    while not any(e["step"] == step and its(e) for e in timeline.read()):
+    deadline = time.monotonic() + timeout_s
+    while not reached(process, checkpoint, step):
         if process.poll() is not None or time.monotonic() > deadline:
             raise VerifyError(f"{where}: the driver did not reach {step} within {timeout_s:.0f} s (exit {process.poll()})")
         time.sleep(0.2)
@@ -183,7 +188,7 @@ class DriverProcess:
 
     def ensure_running(self, timeout_s: float = 180.0) -> None:
         """Start the driver if it is not running; the first time, wait until its query started
-        (a standby's: not at all)."""
+        (:meth:`wait_step`; a standby's: not at all)."""
         if self.process is not None and self.process.poll() is None:
             return
         first = self.process is None
@@ -195,13 +200,9 @@ class DriverProcess:
                                     standby=self.standby, prefix=self.prefix)
         if self.standby:  # the caller waits for its warm-up (wait_step("warm")) when it needs it
             return
-        started = Path(self.ctx.checkpoint + ".started")
         deadline = time.monotonic() + timeout_s
-        while first and not started.exists():
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                raise VerifyError(f"pipeline {self.pipeline}: the driver did not start its query "
-                                  f"(exit {self.process.poll()}); see {self.log}")
-            time.sleep(0.2)
+        if first:
+            self.wait_step("query", timeout_s)
         spark_log = SparkLog(self.ctx.checkpoint)
         while first and spark_log.latest_planned() is None and time.monotonic() < deadline:
             # The first trigger plans an empty batch 0 at the starting offsets; a crash point armed
@@ -209,9 +210,22 @@ class DriverProcess:
             time.sleep(0.2)
 
     def wait_step(self, step: str, timeout_s: float) -> None:
-        """Wait until the current driver process notes ``step`` in its timeline (:func:`wait_step`)."""
-        assert self.process is not None
-        wait_step(self.process, self.ctx.checkpoint, step, timeout_s, f"pipeline {self.pipeline}, log {self.log}")
+        """Wait until the current driver process notes ``step`` in its timeline (:func:`wait_step`).
+        A driver whose Spark did not start (it exited before its session step: the JVM's gateway
+        refused the connection once on a loaded machine) is started once more and waited for
+        again, as a supervisor would; any other exit is a VerifyError with the end of its log."""
+        for attempt in (1, 2):
+            assert self.process is not None
+            try:
+                wait_step(self.process, self.ctx.checkpoint, step, timeout_s, f"pipeline {self.pipeline}, log {self.log}")
+                return
+            except VerifyError as exc:
+                spark_failed = self.process.poll() is not None and not reached(self.process, self.ctx.checkpoint, "session")
+                if attempt == 2 or not spark_failed:
+                    raise VerifyError(f"{exc}; its log ends: {log_tail(self.log, LOG_TAIL_LINES)}") from None
+                logger.warning("verify: pipeline %s: the driver's Spark did not start (exit %s); starting it once "
+                               "more; its log ends: %s", self.pipeline, self.process.returncode, log_tail(self.log, LOG_TAIL_LINES))
+                self.ensure_running()
 
     def running_query(self) -> bool:
         """The current driver process has started its query."""

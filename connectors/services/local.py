@@ -35,6 +35,7 @@ from oncekit.connectors.services.base import (
     port_in_use,
 )
 from oncekit.connectors.wait import wait_until
+from oncekit.core.stacks import log_tail
 from oncekit.connectors.kafka import CLUSTER_ID, BrokerAddress, broker_properties
 from oncekit.connectors.postgres import MAX_PREPARED_TRANSACTIONS, check_server, connect
 from oncekit.core.errors import ServiceError
@@ -145,10 +146,7 @@ class _Process:
             time.sleep(0.05)
 
     def log_tail(self, lines: int = 5) -> str:
-        try:
-            return " | ".join(self.log.read_text(errors="replace").strip().splitlines()[-lines:])
-        except OSError:
-            return ""
+        return log_tail(self.log, lines)
 
 
 class _LocalService:
