@@ -264,16 +264,15 @@ class _Progress:
             self.last_line = line
 
 
-def run(config: PipelineConfig, workload: Workload, work_dir: Path, out: IO[str], crash: bool = True,
+def run(pipeline: ReferencePipeline, workload: Workload, out: IO[str], crash: bool = True,
         ui_port: int | None = None) -> Report:
-    """Prepare, produce, run with one crash and restarts, check. With ``crash``, the crash
-    directory must have been in the environment when Spark started in this process (it reaches
-    the workers that way). With ``ui_port``, the status page serves on that port until the report."""
-    pipeline = ReferencePipeline(config, str(work_dir / "checkpoint"))
-    pipeline.prepare()
+    """Produce, run the prepared ``pipeline`` with one crash and restarts, check. With ``crash``,
+    the crash directory must have been in the environment when Spark started in this process (it
+    reaches the workers that way). With ``ui_port``, the status page serves on that port until
+    the report."""
     with ExitStack() as stack:
         page = stack.enter_context(status_page(pipeline, ui_port, out)) if ui_port is not None else None
-        return _run(pipeline, config, workload, out, crash, page.restarted if page is not None else None)
+        return _run(pipeline, pipeline.config, workload, out, crash, page.restarted if page is not None else None)
 
 
 def _run(pipeline: ReferencePipeline, config: PipelineConfig, workload: Workload, out: IO[str], crash: bool,
@@ -345,10 +344,14 @@ def main(backend: str | None = None, records: int = 200_000, config_path: str | 
         print(f"services ({services.backend}): kafka {services.kafka.bootstrap_servers}, postgres ready "
               f"({time.monotonic() - started:.1f} s)", file=out, flush=True)
         with services.running():
-            config = config.with_services(services.kafka.bootstrap_servers, services.postgres.dsn)
+            pipeline = ReferencePipeline(config.with_services(services.kafka.bootstrap_servers, services.postgres.dsn),
+                                         str(work_dir / "checkpoint"))
+            started = time.monotonic()
+            pipeline.prepare()  # while Spark starts
+            print(f"pipeline: topics, tables and sinks prepared in {time.monotonic() - started:.1f} s", file=out, flush=True)
             seconds = spark_start.result(SPARK_START_S)
             print(f"spark: session started and warmed up in {seconds:.1f} s, beside the services", file=out, flush=True)
-            report = run(config, workload, work_dir, out, crash, ui_port)
+            report = run(pipeline, workload, out, crash, ui_port)
             print(report.text(), file=out, flush=True)
     return 0 if report.ok else 1
 

@@ -37,6 +37,7 @@ from psycopg import sql
 from oncekit.connectors.kafka import KafkaConfig, create_topic
 from oncekit.connectors.postgres import connect
 from oncekit.core import savepoint as savepoints
+from oncekit.core.engine import CheckpointEngine
 from oncekit.core.errors import ConfigError, PipelineError, SavepointError
 from oncekit.core.restart import supervise
 from oncekit.core.fanout import FanOutConfig, fan_out
@@ -118,7 +119,12 @@ class ReferencePipeline:
     # -- set-up --------------------------------------------------------------------------------
 
     def prepare(self) -> None:
-        """Create the topics and tables the pipeline reads and writes (existing ones are kept)."""
+        """Create the topics and tables the pipeline reads and writes (existing ones are kept),
+        then preflight its sink as its query's first stream writer will
+        (:meth:`~oncekit.core.engine.CheckpointEngine.preflight`: the kit's marker topics and
+        tables made, the targets and the sink id checked), so that a wrong setting fails here,
+        before Spark starts the query, and the query's own preflight finds all in place. Needs
+        the services, not Spark: the demo runs it while Spark starts."""
         kafka = KafkaConfig(self.bootstrap)
         topics = self.config.topics
         create_topic(kafka, topics.payments, partitions=topics.partitions)
@@ -137,6 +143,8 @@ class ReferencePipeline:
             for table, columns in ddl.items():
                 conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} ({})").format(
                     sql.Identifier(*table.split(".", 1)), sql.SQL(columns)))
+        for name in QUERIES:
+            CheckpointEngine.of(self.sink(), f"{self.checkpoint}/{name}").preflight()
 
     # -- the queries ---------------------------------------------------------------------------
 

@@ -34,7 +34,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from oncekit.connectors.kafka import CLIENTS, broker_settings, check_access, client_log, create_topic, produce_when_room
+from oncekit.connectors.kafka import (CLIENTS, broker_settings, check_access, client_log, connect_producer, create_topic,
+                                      produce_when_room)
 from oncekit.core.crash import crash_point
 from oncekit.core.deadline import bounded
 from oncekit.core.errors import ConfigError, OncekitError, RecordError, StallError, UnsettledMarkerError
@@ -228,26 +229,13 @@ class KafkaSinkBase:
     # -- clients -------------------------------------------------------------------------------
 
     def _new_producer(self, **extra: Any) -> SinkProducer:
-        """A producer connected to a broker. Delivery reports for failed records only: no Python
-        callback per delivered record.
-
-        A new producer's ProducerId request (``init_transactions``, an idempotent producer's
-        first send) needs a broker connection that is up. librdkafka drops the bootstrap
-        connection once metadata names the brokers, opens the next one only after its reconnect
-        back-off (100 ms by default), and if it finds none up retries the request after 500 ms:
-        60 ms or 510 ms per new producer, measured. Two metadata calls (the first answered on
-        the bootstrap connection, the second opening a broker's own) and a 10 ms back-off bring
-        that to about 20 ms. A task makes a new producer whenever Spark runs a partition on
-        another Python worker than last time, which on a live stream is most batches."""
-        producer = SinkProducer(self.config.kafka.settings(
+        """A producer connected to a broker (:func:`~oncekit.connectors.kafka.connect_producer`:
+        a task makes a new producer whenever Spark runs a partition on another Python worker
+        than last time, which on a live stream is most batches). Delivery reports for failed
+        records only: no Python callback per delivered record."""
+        return connect_producer(SinkProducer(self.config.kafka.settings(
             linger_ms=5, delivery_report_only_error=True, queue_buffering_max_messages=1_000_000,
-            reconnect_backoff_ms=10, logger=_CLIENT_LOG, **extra))
-        try:
-            for _ in range(2):
-                producer.list_topics(self.config.topic, timeout=10)
-        except KafkaException:
-            pass  # a broker out of reach is reported by the call that needs it, under that call's timeout
-        return producer
+            reconnect_backoff_ms=10, logger=_CLIENT_LOG, **extra)), self.config.topic)
 
     def take_producer(self, transactional_id: KafkaTransactionalId | None, fresh: bool = False) -> SinkProducer:
         """A producer of this process's pool (a new one when ``fresh``): idempotent (``None``) or

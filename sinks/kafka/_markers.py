@@ -42,7 +42,8 @@ from typing import Any
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewPartitions, NewTopic  # type: ignore[attr-defined]
 
-from oncekit.connectors.kafka import CLIENTS, RETRIABLE, KafkaConfig, attempt_timeout, client_log, produce_when_room
+from oncekit.connectors.kafka import (CLIENTS, RETRIABLE, KafkaConfig, attempt_timeout, client_log, connect_producer,
+                                      produce_when_room)
 from oncekit.connectors.wait import wait_until
 from oncekit.core.deadline import bounded
 from oncekit.core.errors import ConfigError, NonDeterministicReplayError, ReplayError, ServiceError, UnsettledMarkerError
@@ -234,7 +235,8 @@ class MarkerLog:
             if error is not None:
                 failures.append(error.str())
 
-        producer = Producer({**self.kafka.settings(enable_idempotence=True, logger=_CLIENT_LOG), "on_delivery": delivered})
+        producer = connect_producer(Producer({**self.kafka.settings(enable_idempotence=True, reconnect_backoff_ms=10,
+                                                                     logger=_CLIENT_LOG), "on_delivery": delivered}), self.topic)
         for partition, key, value in records:
             producer.produce(self.topic, value, key, partition=partition)
         remaining = bounded(f"kafka sink {self.sink_id}: write to {self.topic}", 65, producer.flush, 60)
