@@ -23,6 +23,7 @@ module needs no Spark (the pipeline's configuration and restart strategy are tes
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -257,8 +258,9 @@ class ReferencePipeline:
     def run(self, spark: SparkSession, tick: Callable[[list[OncekitQuery]], None] | None = None,
             should_stop: Callable[[], bool] | None = None, poll_s: float = 0.5) -> None:
         """One attempt: start every query and wait until all have finished (drained the topic) or
-        ``should_stop`` says so (then they stop at a batch boundary); ``tick`` is called every ``poll_s``. If a query fails, the others
-        are stopped and :class:`PipelineError` is raised (a restart resumes from the checkpoints)."""
+        ``should_stop`` says so (then they stop at a batch boundary); ``tick`` is called every
+        ``poll_s``, and the end of a query is seen as it ends. If a query fails, the others are
+        stopped and :class:`PipelineError` is raised (a restart resumes from the checkpoints)."""
         queries = self.start(spark)
         try:
             while True:
@@ -270,9 +272,11 @@ class ReferencePipeline:
                 if should_stop is not None and should_stop():
                     self.stop_at_batch_boundary()
                     break
-                if not any(q.isActive for q in queries):
+                active = [q for q in queries if q.isActive]
+                if not active:
                     break
-                time.sleep(poll_s)
+                with contextlib.suppress(Exception):  # a failure is raised as PipelineError on the next round
+                    active[0].query.awaitTermination(poll_s)  # type: ignore[arg-type]  # returns as soon as it ends
         finally:
             self.stop()
         failed = [q for q in queries if q.exception() is not None]
