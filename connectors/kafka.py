@@ -154,8 +154,9 @@ def connect_producer(producer: ProducerT, topic: str, timeout_s: float = 10.0) -
     once metadata names the brokers, opens the next one only after its reconnect back-off (100 ms
     by default), and if it finds none up retries the request after 500 ms: 60 ms or 510 ms per
     new producer, measured. Two metadata calls on ``topic`` (the first answered on the bootstrap
-    connection, the second opening a broker's own) and a 10 ms back-off bring that to about
-    20 ms; 60 ms against 510-530 ms for an idempotent producer's first acknowledged send."""
+    connection, the second opening a broker's own) and a 10 ms back-off leave the request no
+    wait: an idempotent producer's first acknowledged send took 60 ms this way against
+    510-530 ms without."""
     try:
         for _ in range(2):
             producer.list_topics(topic, timeout=timeout_s)

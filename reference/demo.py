@@ -377,7 +377,7 @@ SPARK_CONF = {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1"}
 """The demo's session: its JVM compiles with C1 only. The demo's pipeline runs about 20 s, and
 C2's compiles of Spark's code would take a third of the JVM's CPU in that time (13.5 of 40 CPU
 seconds on two cores, measured per JVM thread) while the pipeline's own tasks wait for cores;
-C1 alone gave a first batch of 4.8-5.0 s against 5.6-7.6 s. A job that runs for minutes or
+C1 alone gave a first batch of 4.5-5.4 s (nine runs) against 5.6-7.6 s (five). A job that runs for minutes or
 more keeps the JVM's default (tiered, C2 for hot code): C2's code then pays for its compiles
 (1,000,000 records of the reference pipeline: 34,169-34,934 events/s tiered, 29,380 C1 only)."""
 
