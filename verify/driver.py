@@ -187,8 +187,8 @@ class DriverProcess:
     launched: float = 0.0  # wall-clock time of the last (re)start
 
     def ensure_running(self, timeout_s: float = 180.0) -> None:
-        """Start the driver if it is not running; the first time, wait until its query started
-        (:meth:`wait_step`; a standby's: not at all)."""
+        """Start the driver if it is not running; the first time, wait until a query started on
+        its checkpoint (a standby's: not at all)."""
         if self.process is not None and self.process.poll() is None:
             return
         first = self.process is None
@@ -200,9 +200,13 @@ class DriverProcess:
                                     standby=self.standby, prefix=self.prefix)
         if self.standby:  # the caller waits for its warm-up (wait_step("warm")) when it needs it
             return
+        started = Path(self.ctx.checkpoint + ".started")
         deadline = time.monotonic() + timeout_s
-        if first:
-            self.wait_step("query", timeout_s)
+        while first and not started.exists():  # any driver's query on the checkpoint (a refused one waits)
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise VerifyError(f"pipeline {self.pipeline}: the driver did not start its query "
+                                  f"(exit {self.process.poll()}); its log ends: {log_tail(self.log, LOG_TAIL_LINES)}")
+            time.sleep(0.2)
         spark_log = SparkLog(self.ctx.checkpoint)
         while first and spark_log.latest_planned() is None and time.monotonic() < deadline:
             # The first trigger plans an empty batch 0 at the starting offsets; a crash point armed
