@@ -42,7 +42,7 @@ from oncekit.core.deadline import begin
 from oncekit.core.spark.query import progress_started
 from oncekit.core.spark.session import spark_session
 from oncekit.reference.commands import status_page
-from oncekit.reference.config import PipelineConfig, RunConfig, load
+from oncekit.reference.config import RunConfig, load
 from oncekit.reference.generator import Workload, events, produce
 from oncekit.reference.outputs import Observed, observe, require_empty
 from oncekit.reference.pipeline import ReferencePipeline
@@ -272,11 +272,12 @@ def run(pipeline: ReferencePipeline, workload: Workload, out: IO[str], crash: bo
     the report."""
     with ExitStack() as stack:
         page = stack.enter_context(status_page(pipeline, ui_port, out)) if ui_port is not None else None
-        return _run(pipeline, pipeline.config, workload, out, crash, page.restarted if page is not None else None)
+        return _run(pipeline, workload, out, crash, page.restarted if page is not None else None)
 
 
-def _run(pipeline: ReferencePipeline, config: PipelineConfig, workload: Workload, out: IO[str], crash: bool,
+def _run(pipeline: ReferencePipeline, workload: Workload, out: IO[str], crash: bool,
          on_restart: Callable[[int, BaseException], None] | None) -> Report:
+    config = pipeline.config
     require_empty(config)
     started = time.monotonic()
     sent = produce(KafkaConfig(config.kafka_bootstrap()), config.topics.payments, workload)
