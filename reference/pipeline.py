@@ -371,7 +371,8 @@ def made_up_payments(frame: DataFrame) -> DataFrame:
 def parse(raw: DataFrame) -> DataFrame:
     """Every payments record of ``raw`` (Kafka's columns ``partition``, ``offset``, ``timestamp``
     and ``value``) with its parsed fields and, for records that are not a payment, the reason
-    (NULL for good ones)."""
+    and the value as text (``raw``, the dead letters'); both NULL for good ones, whose text would
+    only weigh on the shuffles and the processor's input."""
     from pyspark.sql import functions as F
 
     text = F.col("value").cast("string")
@@ -392,7 +393,8 @@ def parse(raw: DataFrame) -> DataFrame:
             .select("kafka_partition", "kafka_offset", "kafka_ts", "raw", "fields",
                     F.when(F.col("fields").isNull() | F.col("fields._corrupt").isNotNull(), F.lit("not a JSON object"))
                      .when(problems != "", problems).alias("reason"))
-            .select("kafka_partition", "kafka_offset", "kafka_ts", "raw", "reason",
+            .select("kafka_partition", "kafka_offset", "kafka_ts",
+                    F.when(F.col("reason").isNotNull(), F.col("raw")).alias("raw"), "reason",
                     F.col("fields")["event_id"].alias("event_id"),
                     F.expr("try_cast(fields['account_id'] AS bigint)").alias("account_id"),
                     F.expr("try_cast(fields['amount_cents'] AS bigint)").alias("amount_cents"),
@@ -401,7 +403,8 @@ def parse(raw: DataFrame) -> DataFrame:
 
 def process(parsed: DataFrame, run: RunConfig) -> DataFrame:
     """Every payments record of ``parsed`` (:func:`parse`) once through :class:`~oncekit.reference.processor.PaymentProcessor`:
-    rows of kind ``balance``, ``total``, ``late`` and ``dead`` (schema ``PROCESSED_SCHEMA``).
+    rows of kind ``balance``, ``total``, ``late`` and ``dead``, packed per call (schema ``PROCESSED_SCHEMA``;
+    :func:`route` unpacks them).
 
     One branch from the source to the sink: a second branch for the dead letters would make
     Spark read the topic twice per batch. Duplicates (same event id) are dropped in the JVM
@@ -437,17 +440,26 @@ def process(parsed: DataFrame, run: RunConfig) -> DataFrame:
 
 
 def route(processed: DataFrame) -> DataFrame:
-    """Every output row of ``processed`` (:func:`process`) in one frame, with the name of its target in ``target``
-    and the union of the targets' columns (each target takes its own; the rest are NULL).
-    A balance row goes to two targets: the table and the topic."""
+    """Every output row of ``processed`` (:func:`process`, packed as
+    :data:`~oncekit.reference.processor.PROCESSED_SCHEMA`) in one frame, unpacked in the JVM,
+    with the name of its target in ``target`` and the union of the targets' columns (each
+    target takes its own; the rest are NULL). A balance row goes to two targets: the table and
+    the topic."""
     from pyspark.sql import functions as F
 
+    from oncekit.reference.processor import GIVEN, OUTPUT_COLUMNS
+
+    names = [name for name, _ in OUTPUT_COLUMNS]
+    kind = F.col("kind")
+    column = {name: F.when(kind.isin(*(k for k, given in GIVEN.items() if name in given)), F.col(name))
+              for name in names if name != "kind"}
+    rows = processed.select(F.inline(F.arrays_zip(*names))).select(
+        kind, *(value.alias(name) for name, value in column.items()))
     target = {"balance": F.array(F.lit("balances"), F.lit("balance_updates")), "total": F.array(F.lit("minute_totals")),
               "late": F.array(F.lit("late_events")), "dead": F.array(F.lit("dead_letters"))}
-    kind = F.col("kind")
     routes = F.when(kind == "balance", target["balance"]).when(kind == "total", target["total"]) \
         .when(kind == "late", target["late"]).otherwise(target["dead"])
-    return processed.select(
+    return rows.select(
         F.explode(routes).alias("target"),
         "account_id", "balance_cents", "events", F.timestamp_millis("minute_ms").alias("minute"), "total_cents",
         "event_id", "amount_cents", F.timestamp_millis("event_ms").alias("event_time"),

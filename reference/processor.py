@@ -48,13 +48,30 @@ that restoring an old savepoint is refused instead of misreading state (6: apply
 one state per bucket; 5: transformWithStateInPandas, one state per bucket of accounts; 3: one
 per account)."""
 
-PROCESSED_SCHEMA = (
-    "kind string, account_id bigint, balance_cents bigint, events bigint, minute_ms bigint, total_cents bigint, "
-    "event_id string, amount_cents bigint, event_ms bigint, watermark_ms bigint, "
-    "kafka_partition int, kafka_offset bigint, raw string, reason string"
+OUTPUT_COLUMNS = (
+    ("kind", "string"), ("account_id", "bigint"), ("balance_cents", "bigint"), ("events", "bigint"),
+    ("minute_ms", "bigint"), ("total_cents", "bigint"), ("event_id", "string"), ("amount_cents", "bigint"),
+    ("event_ms", "bigint"), ("watermark_ms", "bigint"), ("kafka_partition", "int"), ("kafka_offset", "bigint"),
+    ("raw", "string"), ("reason", "string"),
 )
-"""The processor's output: rows of kind ``balance``, ``total``, ``late`` and ``dead``, other
-columns NULL."""
+"""The processor's output rows: of kind ``balance``, ``total``, ``late`` and ``dead``, each
+with the columns of its kind (:data:`GIVEN`), the others NULL."""
+
+GIVEN = {
+    "dead": ("kafka_partition", "kafka_offset", "raw", "reason"),
+    "late": ("account_id", "event_id", "amount_cents", "event_ms", "watermark_ms"),
+    "balance": ("account_id", "balance_cents", "events"),
+    "total": ("account_id", "minute_ms", "total_cents", "events"),
+}
+"""The columns each kind of output row gives; the rest of its columns are NULL."""
+
+PROCESSED_SCHEMA = ", ".join(f"{name} array<{kind}>" for name, kind in OUTPUT_COLUMNS)
+"""What the processor hands Spark per call: one row, each of :data:`OUTPUT_COLUMNS` as an array
+over the call's output rows, where a column its row's kind does not give holds 0 or NULL
+(:func:`packed`). :func:`oncekit.reference.pipeline.route` unpacks it in the JVM. One row, not one
+per output row: PySpark 4.3's worker concatenates a task's output frames and pads their state
+with a frame as long as them in pandas, checking every all-NULL object cell one at a time, which
+cost the worker more than the processor itself (docs/reference-pipeline.md, "Where the time goes")."""
 
 INPUT_COLUMNS = ("account_id", "event_id", "amount_cents", "event_ms", "kafka_partition", "kafka_offset", "raw", "reason")
 """The columns the processor reads (by name). ``reason`` is NULL for a payment; for any other
@@ -68,8 +85,6 @@ MINUTE_MS = 60_000
 NO_CLOCK = np.iinfo(np.int64).min
 """The clock of an account before its first payment: no watermark, nothing is late."""
 
-_OUTPUT = tuple(field.split()[0] for field in PROCESSED_SCHEMA.split(", "))
-_STRINGS = ("kind", "event_id", "raw", "reason")
 
 
 @dataclass(frozen=True)
@@ -122,7 +137,7 @@ def _ints(frame: pd.DataFrame, column: str) -> np.ndarray:
 
 def process(state: BucketState, rows: pd.DataFrame, lateness_ms: int) -> tuple[BucketState, pd.DataFrame]:
     """One bucket's batch: ``rows`` (``INPUT_COLUMNS``, any order) against ``state``; returns the
-    new state and the output rows (``PROCESSED_SCHEMA``): ``dead`` rows in (partition, offset)
+    new state and the output rows, packed (:func:`packed`): ``dead`` rows in (partition, offset)
     order, ``late`` payments, one ``balance`` per account with payments in the batch, one
     ``total`` per (account, minute) with on-time payments in the batch. Called by
     :class:`PaymentProcessor`, and by the unit tests."""
@@ -179,7 +194,7 @@ def process(state: BucketState, rows: pd.DataFrame, lateness_ms: int) -> tuple[B
     # a minute whose end the account's watermark has reached is final: out of the state
     still_open = minutes + MINUTE_MS > clocks[np.searchsorted(accounts, minute_accounts)] - lateness_ms
 
-    output = _frame([
+    output = packed([
         ("dead", len(bad), {"kafka_partition": _ints(bad, "kafka_partition"), "kafka_offset": _ints(bad, "kafka_offset"),
                             "raw": bad["raw"].to_numpy(), "reason": bad["reason"].to_numpy()}),
         ("late", int(late.sum()), {"account_id": account[late], "event_id": event_id[late], "amount_cents": amount[late],
@@ -192,25 +207,23 @@ def process(state: BucketState, rows: pd.DataFrame, lateness_ms: int) -> tuple[B
                        totals[still_open], counts[still_open]), output
 
 
-def _frame(sections: list[tuple[str, int, dict[str, np.ndarray]]]) -> pd.DataFrame:
-    """The output frame: each section's rows of one kind with the columns it gives, the rest
-    NULL; columns in ``PROCESSED_SCHEMA``'s order and labelled by name (applyInPandasWithState
-    concatenates a batch's frames by label with frames of its own labelled by name)."""
-    columns: dict[str, Any] = {}
-    for name in _OUTPUT:
+def packed(sections: list[tuple[str, int, dict[str, np.ndarray]]]) -> pd.DataFrame:
+    """The output as one row of lists (:data:`PROCESSED_SCHEMA`) of each section's ``n`` rows of
+    one kind, given by the columns :data:`GIVEN` names for it; a column the kind does not give
+    holds 0 (numbers) or None (text) there. Lists of Python values, which PySpark's worker
+    converts to Arrow without a Python call per value."""
+    columns: dict[str, list[list[Any]]] = {}
+    for name, kind in OUTPUT_COLUMNS:
         if name == "kind":
-            columns[name] = np.concatenate([np.full(n, kind, dtype=object) for kind, n, _ in sections])
-        elif name in _STRINGS:
-            columns[name] = np.concatenate(
-                [np.asarray(given[name], dtype=object) if name in given else np.full(n, None, dtype=object)
-                 for _, n, given in sections])
+            parts = [np.full(n, section, dtype=object) for section, n, _ in sections]
+        elif kind == "string":
+            parts = [np.asarray(given[name], dtype=object) if name in GIVEN[section] else np.full(n, None, dtype=object)
+                     for section, n, given in sections]
         else:
-            values = np.concatenate([np.asarray(given[name], dtype=np.int64) if name in given else np.zeros(n, np.int64)
-                                     for _, n, given in sections])
-            null = np.concatenate([np.full(n, name not in given) for _, n, given in sections])
-            columns[name] = pd.arrays.IntegerArray(
-                values.astype(np.int32) if name == "kafka_partition" else values, null)
-    return pd.DataFrame(columns, copy=False)
+            parts = [np.asarray(given[name], dtype=np.int64) if name in GIVEN[section] else np.zeros(n, np.int64)
+                     for section, n, given in sections]
+        columns[name] = [np.concatenate(parts).tolist()]
+    return pd.DataFrame(columns)
 
 
 class PaymentProcessor:

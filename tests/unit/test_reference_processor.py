@@ -15,11 +15,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from oncekit.reference.processor import INPUT_COLUMNS, PROCESSED_SCHEMA, BucketState, PaymentProcessor
+from oncekit.reference.processor import GIVEN, INPUT_COLUMNS, OUTPUT_COLUMNS, BucketState, PaymentProcessor
 
 LATENESS_MS = 10_000
 M = 1_700_000_040_000  # a minute's start
-OUTPUT = tuple(field.split()[0] for field in PROCESSED_SCHEMA.split(", "))
+OUTPUT = tuple(name for name, _ in OUTPUT_COLUMNS)
 
 
 class FakeGroupState:
@@ -71,23 +71,26 @@ def stored(bucketed: Bucketed, key: int) -> tuple[list[int], ...]:
 
 
 def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
-    """The rows of an output frame with NULL as None and numbers as int, read as the worker
-    converts it to Arrow (the columns by name)."""
-    assert list(frame.columns) == list(OUTPUT)
+    """The rows of an output frame with NULL as None and numbers as int: read as the worker
+    converts it to Arrow (the columns by name), then unpacked as the pipeline's route does in
+    the JVM (each column NULL where its row's kind does not give it)."""
+    assert list(frame.columns) == list(OUTPUT) and len(frame) == 1  # one packed row per call
     # as PySpark 4.3's worker does: the batch's frames concatenated, by label, with padding rows
     # of its own labelled by the schema's names (pandas warns of that concatenation's future)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         frame = pd.concat([frame, pd.DataFrame(dict.fromkeys(OUTPUT), index=[])], ignore_index=True)
     from pyspark.sql.conversion import PandasToArrowConversion
-    from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
+    from pyspark.sql.types import ArrayType, IntegerType, LongType, StringType, StructField, StructType
 
     types = {"string": StringType(), "bigint": LongType(), "int": IntegerType()}  # the DDL without a JVM
-    schema = StructType([StructField(name, types[kind]) for name, kind in
-                         (field.split() for field in PROCESSED_SCHEMA.split(","))])
+    schema = StructType([StructField(name, ArrayType(types[kind])) for name, kind in OUTPUT_COLUMNS])
     batch = PandasToArrowConversion.convert([frame], StructType([StructField("_0", schema)]), arrow_cast=True,
                                             assign_cols_by_name=True)
-    return [dict(row) for row in batch.column(0).to_pylist()]
+    (columns,) = batch.column(0).to_pylist()
+    rows = [dict(zip(OUTPUT, values)) for values in zip(*(columns[name] for name in OUTPUT))]
+    return [{name: value if name == "kind" or name in GIVEN[r["kind"]] else None for name, value in r.items()}
+            for r in rows]
 
 
 def row(kind: str, **values: Any) -> dict[str, Any]:
