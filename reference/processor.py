@@ -17,9 +17,10 @@ transformWithStateInPandas: Spark's Python side of a stateful step costs a fixed
 milliseconds per grouping key and batch, so keyed by account that cost is paid for every
 account in every batch; keyed by bucket (``account mod buckets``,
 :meth:`ReferencePipeline.processed`) it is paid ``buckets`` times, and :func:`process` handles a
-bucket's rows of a batch with numpy over whole columns. applyInPandasWithState hands each group
-its rows as a slice of the Arrow batch converted to pandas a column at a time, with the group's
-state beside them; PySpark 4.3's transformWithStateInPandas turns every input row into a
+bucket's rows of a batch with numpy over whole columns. Its output goes back as columns too:
+one row per call with a list per column (:data:`PROCESSED_SCHEMA`), unpacked in the JVM.
+applyInPandasWithState hands each group its rows as a slice of the Arrow batch converted to
+pandas a column at a time, with the group's state beside them; PySpark 4.3's transformWithStateInPandas turns every input row into a
 Python tuple and rebuilds the frames from those tuples, which cost its worker about 10 us per
 row, most of the processor's time (docs/reference-pipeline.md, "Where the time goes").
 Each account's rules are unchanged: its payments are taken in (partition, offset) order and its
