@@ -20,9 +20,10 @@ account in every batch; keyed by bucket (``account mod buckets``,
 bucket's rows of a batch with numpy over whole columns. Its output goes back as columns too:
 one row per call with a list per column (:data:`PROCESSED_SCHEMA`), unpacked in the JVM.
 applyInPandasWithState hands each group its rows as a slice of the Arrow batch converted to
-pandas a column at a time, with the group's state beside them; PySpark 4.3's transformWithStateInPandas turns every input row into a
-Python tuple and rebuilds the frames from those tuples, which cost its worker about 10 us per
-row, most of the processor's time (docs/reference-pipeline.md, "Where the time goes").
+pandas a column at a time, with the group's state beside them; PySpark 4.3's
+transformWithStateInPandas turns every input row into a Python tuple and rebuilds the frames
+from those tuples, which cost its worker about 10 us per row, most of the processor's time
+(docs/reference-pipeline.md, "Where the time goes").
 Each account's rules are unchanged: its payments are taken in (partition, offset) order and its
 clock before a payment is the running maximum of the stored clock and the event times before
 it, so the accounts sharing a bucket do not see each other. A bucket's whole state (per account:
@@ -85,7 +86,6 @@ applyInPandasWithState state schema with array columns: ``KeyError: 'elementType
 MINUTE_MS = 60_000
 NO_CLOCK = np.iinfo(np.int64).min
 """The clock of an account before its first payment: no watermark, nothing is late."""
-
 
 
 @dataclass(frozen=True)
