@@ -217,11 +217,9 @@ def packed(sections: list[tuple[str, int, dict[str, np.ndarray]]]) -> pd.DataFra
     for name, kind in OUTPUT_COLUMNS:
         if name == "kind":
             parts = [np.full(n, section, dtype=object) for section, n, _ in sections]
-        elif kind == "string":
-            parts = [np.asarray(given[name], dtype=object) if name in GIVEN[section] else np.full(n, None, dtype=object)
-                     for section, n, given in sections]
         else:
-            parts = [np.asarray(given[name], dtype=np.int64) if name in GIVEN[section] else np.zeros(n, np.int64)
+            dtype, absent = (object, None) if kind == "string" else (np.int64, 0)
+            parts = [np.asarray(given[name], dtype=dtype) if name in GIVEN[section] else np.full(n, absent, dtype=dtype)
                      for section, n, given in sections]
         columns[name] = [np.concatenate(parts).tolist()]
     return pd.DataFrame(columns)
