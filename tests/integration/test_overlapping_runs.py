@@ -173,3 +173,17 @@ def test_a_run_that_finishes_its_start_after_a_newer_run_leaves_the_newer_run_re
     assert b.journal.run() == "b"
 
 
+# -- finding 2: two runs of a Kafka-only query take the same epoch -----------------------------
+
+def test_two_runs_of_a_kafka_query_never_take_the_same_epoch(kafka: KafkaConfig, unique_name: str, tmp_path: Path) -> None:
+    """Two standbys find the lease void together and both start: their epochs, taken from the
+    same floor, must differ (the lower one is fenced; with equal epochs neither is)."""
+    topic = unique_name.replace("_", "-")
+    config = kafka_sink(kafka.bootstrap_servers, topic, "write-ahead-log", partitions=1)
+    first, second = config.build(str(tmp_path)), config.build(str(tmp_path))
+    first.preflight()
+    epochs = [first.take_epoch(0), second.take_epoch(0)]
+    assert epochs[0] != epochs[1]
+    assert first.take_epoch(0) > max(epochs)
+
+
