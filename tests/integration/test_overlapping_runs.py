@@ -187,3 +187,100 @@ def test_two_runs_of_a_kafka_query_never_take_the_same_epoch(kafka: KafkaConfig,
     assert first.take_epoch(0) > max(epochs)
 
 
+# -- finding 4: taking over a sink id is not fenced --------------------------------------------
+
+def test_a_retired_querys_prepared_transaction_never_lands_in_the_new_querys_batch(
+    postgres_dsn: str, unique_name: str, tmp_path: Path,
+) -> None:
+    """Query 1 prepared batch 0 and its checkpoint was deleted (retired) while its driver slept;
+    query 2, a new checkpoint, takes the sink id over and plans its own batch 0. Query 1's driver
+    wakes and commits its prepared transaction. Query 2's batch 0 must still be written whole."""
+    table(postgres_dsn, unique_name)
+    retired, fresh = tmp_path / "retired", tmp_path / "fresh"
+    spark_logged(retired, planned=[0], committed=[])
+    (retired / "metadata").write_text('{"id": "query-1"}')
+    q1 = run(postgres_dsn, unique_name, retired, "two-phase-commit", "q1")
+    sink_id = q1.sink.sink_id
+    held = q1.write_task(TaskInfo(sink_id, 0, 0, 0, epoch=q1.epoch), iter([rows([1, 2])]))
+    q1.checkpoint(0, held)
+    for path in sorted(retired.rglob("*"), reverse=True):  # retired: its checkpoint is deleted
+        path.unlink() if path.is_file() else path.rmdir()
+
+    spark_logged(fresh, planned=[0], committed=[])
+    (fresh / "metadata").write_text('{"id": "query-2"}')
+    q2 = run(postgres_dsn, unique_name, fresh, "two-phase-commit", "q2")
+    try:
+        q1.sink.commit_batch(0, held)  # query 1's driver wakes up in its commit
+    except OncekitError:
+        pass
+    q2.checkpoint(0, q2.write_task(TaskInfo(sink_id, 0, 0, 0, epoch=q2.epoch), iter([rows([10, 11])])))
+    spark_logged(fresh, planned=[0], committed=[0])
+    q2.complete()
+    assert {10, 11} <= set(table_ids(postgres_dsn, unique_name))
+    assert prepared(postgres_dsn, sink_id) == []
+
+
+def test_a_retired_querys_kafka_task_never_marks_the_new_querys_batch_as_written(
+    kafka: KafkaConfig, unique_name: str, tmp_path: Path,
+) -> None:
+    """Query 1's task for batch 3 is inside its transaction (records sent, marker not yet) when
+    query 2 takes the sink id over (its claim resets the markers); query 1's task then commits.
+    Query 2's batch 3 must still be written (its marker read must not find query 1's batch)."""
+    topic = unique_name.replace("_", "-")
+    config = kafka_sink(kafka.bootstrap_servers, topic, "transactional", partitions=1)
+    sink = config.build(str(tmp_path))
+    sink.preflight()
+    sink.act_for(sink.take_epoch(0))
+    sink.claim(SinkOwner("query-1", str(tmp_path / "retired")))
+
+    def values(*items: str) -> Iterator[pa.RecordBatch]:
+        yield pa.record_batch([pa.array(list(items)).cast(pa.binary())], names=["value"])
+
+    takeover = config.build(str(tmp_path))
+
+    def q2_takes_the_sink_over() -> None:
+        takeover.act_for(takeover.take_epoch(sink.epoch))
+        takeover.claim(SinkOwner("query-2", str(tmp_path / "fresh")))
+
+    original = sink.markers.produce
+    sink.markers.produce = frozen_at(original, 1, q2_takes_the_sink_over)  # type: ignore[method-assign]
+    try:
+        sink.write_partition(TaskInfo(sink.sink_id, 3, 0, 0, epoch=sink.epoch), values("q1-a", "q1-b"))
+    except OncekitError:
+        pass  # fenced by the takeover
+    takeover.write_partition(TaskInfo(takeover.sink_id, 3, 0, 0, epoch=takeover.epoch), values("q2-a", "q2-b"))
+    got = collections.Counter(v.decode() for v in read_committed(kafka, topic, 2, timeout_s=30))
+    assert got == collections.Counter(["q2-a", "q2-b"])
+
+
+def test_a_superseded_drivers_own_commit_of_completed_checkpoints_is_fenced(
+    postgres_dsn: str, unique_name: str, tmp_path: Path,
+) -> None:
+    """The old driver (write-ahead log) journaled batch 0 and Spark logged it; a newer run took
+    the sink over. The old driver, waking in its stop or in ``OncekitQuery.complete``, commits
+    the completed checkpoints it knows: the target must refuse it (it acts for its run's epoch,
+    never for none), and the newer run publishes the batch once."""
+    from oncekit.core.spark.query import OncekitQuery
+
+    table(postgres_dsn, unique_name)
+    spark_logged(tmp_path, planned=[0], committed=[])
+    old = run(postgres_dsn, unique_name, tmp_path, "write-ahead-log", "old")
+    sink_id = old.sink.sink_id
+    old.checkpoint(0, old.write_task(TaskInfo(sink_id, 0, 0, 0, epoch=old.epoch), iter([rows([1, 2])])))
+    spark_logged(tmp_path, planned=[0], committed=[0])
+    new = run(postgres_dsn, unique_name, tmp_path, "write-ahead-log", "new", start=False)
+
+    def frozen(*args: Any) -> Any:
+        raise OncekitError("the newer run's publish froze (the test)")
+
+    new.sink.send_values = frozen  # type: ignore[attr-defined, method-assign]
+    try:
+        new.start_run("new")
+    except OncekitError:
+        pass
+    config = postgres_sink(postgres_dsn, unique_name, "write-ahead-log", columns=("id", "payload"))
+    with pytest.raises(FencedError):
+        OncekitQuery(object(), config, str(tmp_path), run="old").complete()  # type: ignore[arg-type]
+    assert table_ids(postgres_dsn, unique_name) == collections.Counter()
+
+
