@@ -284,3 +284,24 @@ def test_a_superseded_drivers_own_commit_of_completed_checkpoints_is_fenced(
     assert table_ids(postgres_dsn, unique_name) == collections.Counter()
 
 
+# -- finding 5: the idempotent sink has no fencing -------------------------------------------
+
+def test_a_stale_idempotent_task_never_puts_an_older_value_back(
+    postgres_dsn: str, unique_name: str, tmp_path: Path,
+) -> None:
+    """The old run's task of batch 0 (id 1 = 'old') was paused; the newer run wrote batch 1
+    (id 1 = 'new'); the old task wakes and upserts. The value must stay 'new'."""
+    table(postgres_dsn, unique_name, keyed=True)
+    spark_logged(tmp_path, planned=[0, 1], committed=[])
+    old = run(postgres_dsn, unique_name, tmp_path, "idempotent", "old", key_columns=("id",))
+    new = run(postgres_dsn, unique_name, tmp_path, "idempotent", "new", key_columns=("id",))
+    sink_id = new.sink.sink_id
+    batch = pa.record_batch([pa.array([1], pa.int32()), pa.array(["new"])], names=["id", "payload"])
+    new.write_task(TaskInfo(sink_id, 1, 0, 0, epoch=new.epoch), iter([batch]))
+    stale = pa.record_batch([pa.array([1], pa.int32()), pa.array(["old"])], names=["id", "payload"])
+    with pytest.raises(FencedError):
+        old.write_task(TaskInfo(sink_id, 0, 0, 0, epoch=old.epoch), iter([stale]))
+    with psycopg.connect(postgres_dsn) as conn:
+        assert conn.execute(f"SELECT payload FROM {unique_name} WHERE id = 1").fetchone() == ("new",)
+
+
