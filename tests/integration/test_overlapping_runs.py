@@ -305,3 +305,105 @@ def test_a_stale_idempotent_task_never_puts_an_older_value_back(
         assert conn.execute(f"SELECT payload FROM {unique_name} WHERE id = 1").fetchone() == ("new",)
 
 
+# -- finding 6: a frozen driver's lock blocks takeover ---------------------------------------
+
+TAKEOVER_BOUND_S = 40.0
+"""What a test accepts for a takeover past a frozen holder's lock: the kit's bound on a frozen
+session of the driver (PostgreSQL ends it) plus margin for a loaded machine."""
+
+
+def test_a_driver_frozen_inside_its_publish_does_not_hold_the_next_run_off(
+    postgres_dsn: str, unique_name: str, tmp_path: Path,
+) -> None:
+    """The old run publishes batch 0 (write-ahead log) and its host freezes mid-publish, its
+    transaction open; the next run's start must take its epoch within the stated bound, and the
+    old publish, when it thaws, must not commit."""
+    table(postgres_dsn, unique_name)
+    spark_logged(tmp_path, planned=[0], committed=[])
+    old = run(postgres_dsn, unique_name, tmp_path, "write-ahead-log", "old")
+    sink_id = old.sink.sink_id
+    old.checkpoint(0, old.write_task(TaskInfo(sink_id, 0, 0, 0, epoch=old.epoch), iter([rows([1, 2])])))
+    spark_logged(tmp_path, planned=[0], committed=[0])
+    thaw, frozen = threading.Event(), threading.Event()
+    write_rows = old.sink.write_rows  # type: ignore[attr-defined]
+
+    def freeze(*args: Any, **kwargs: Any) -> Any:
+        result = write_rows(*args, **kwargs)
+        frozen.set()
+        thaw.wait(TAKEOVER_BOUND_S * 3)
+        return result
+
+    old.sink.write_rows = freeze  # type: ignore[attr-defined]
+    outcome: list[BaseException | None] = []
+
+    def publish() -> None:
+        try:
+            old.complete()
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            outcome.append(exc)
+
+    publisher = threading.Thread(target=publish, daemon=True)
+    publisher.start()
+    assert frozen.wait(30)
+    new = run(postgres_dsn, unique_name, tmp_path, "write-ahead-log", "new", start=False)
+    started: list[float] = []
+    taker = threading.Thread(target=lambda: (new.start_run("new"), started.append(time.monotonic())), daemon=True)
+    began = time.monotonic()
+    taker.start()
+    taker.join(TAKEOVER_BOUND_S)
+    thaw.set()
+    publisher.join(60)
+    assert started, f"the next run's start waited more than {TAKEOVER_BOUND_S:.0f} s on the frozen driver's lock"
+    new.complete()
+    assert table_ids(postgres_dsn, unique_name) == collections.Counter([1, 2])
+    assert started[0] - began < TAKEOVER_BOUND_S
+
+
+def test_a_task_frozen_before_its_prepare_does_not_hold_the_replay_off(
+    postgres_dsn: str, unique_name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A task of the old run froze inside its transaction (its rows written, so their keys
+    locked; PREPARE not yet sent); the newer run replays the batch: its task for the same partition must get through
+    within the stated bound of a frozen task's session, and the batch is committed once."""
+    monkeypatch.setenv("ONCEKIT_TASK_SESSION_IDLE_S", "5")
+    table(postgres_dsn, unique_name, keyed=True)
+    spark_logged(tmp_path, planned=[0], committed=[])
+    old = run(postgres_dsn, unique_name, tmp_path, "two-phase-commit", "old", key_columns=("id",))
+    sink_id = old.sink.sink_id
+    thaw, frozen = threading.Event(), threading.Event()
+    check_epoch = old.sink.check_epoch  # type: ignore[attr-defined]
+
+    def freeze(*args: Any, **kwargs: Any) -> Any:
+        frozen.set()
+        thaw.wait(120)
+        return check_epoch(*args, **kwargs)
+
+    old.sink.check_epoch = freeze  # type: ignore[attr-defined]
+    stale = threading.Thread(target=lambda: _swallow(lambda: old.write_task(
+        TaskInfo(sink_id, 0, 0, 0, epoch=old.epoch), iter([rows([1, 2])]))), daemon=True)
+    stale.start()
+    assert frozen.wait(30)
+    new = run(postgres_dsn, unique_name, tmp_path, "two-phase-commit", "new", key_columns=("id",))
+    began = time.monotonic()
+    replayed: list[Any] = []
+    while not replayed and time.monotonic() - began < TAKEOVER_BOUND_S:
+        try:
+            replayed = new.write_task(TaskInfo(sink_id, 0, 0, 1, epoch=new.epoch), iter([rows([1, 2])]))
+        except OncekitError:
+            time.sleep(0.5)  # Spark's retry of the task
+    thaw.set()
+    stale.join(60)
+    assert replayed, f"the replayed task waited more than {TAKEOVER_BOUND_S:.0f} s on the frozen task's locks"
+    new.checkpoint(0, replayed)
+    spark_logged(tmp_path, planned=[0], committed=[0])
+    new.complete()
+    assert table_ids(postgres_dsn, unique_name) == collections.Counter([1, 2])
+    assert prepared(postgres_dsn, sink_id) == []
+
+
+def _swallow(call: Callable[[], Any]) -> None:
+    try:
+        call()
+    except BaseException:  # noqa: BLE001 - a frozen run's late failure is expected
+        pass
