@@ -241,3 +241,40 @@ def test_a_deposed_driver_whose_query_will_not_stop_exits_with_a_named_error(
     assert isinstance(outcome[0], QueryStuckError), outcome
     assert re.search(r"query q: its lease is held by another driver .* did not stop within 0 s: restart the driver "
                      r"process", str(outcome[0])), outcome[0]
+
+
+# -- issue 46, findings 3 and 7: the lease follows the epoch, and a standby that loses goes back to waiting
+
+
+def test_a_keeper_that_saw_another_runs_lease_renews_again_once_the_lease_is_its_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two standbys took the lease at the same moment; this one's record was overwritten by the
+    other's hold, then this one's run won (its writer took the higher epoch and recorded the
+    lease as this run's). Its keeper must renew the lease from then on, not leave it to lapse."""
+    monkeypatch.setattr("oncekit.core.lease.RENEW_S", 0.05)
+    kept = LeaseKeeper(str(tmp_path))
+    kept.hold("mine")
+    _write(tmp_path, host="other-host", pid=1, process="x", renewed_at=time.time(), run="theirs")
+    time.sleep(0.3)
+    QueryLease(str(tmp_path)).renew("mine")  # this run won: the lease is its run's again
+    written = QueryLease(str(tmp_path)).recorded()
+    time.sleep(0.5)
+    renewed = QueryLease(str(tmp_path)).recorded()
+    kept.release()
+    assert written is not None and renewed is not None and renewed.run == "mine"
+    assert renewed.renewed_at > written.renewed_at, "the keeper stopped renewing for good"
+
+
+def test_a_failed_warm_up_does_not_end_a_waiting_standby(tmp_path: Path) -> None:
+    """A standby's warm-up that fails while it waits (its Spark busy, a worker that died) is
+    logged and tried again; the standby keeps waiting and takes over when the lease lapses."""
+    _write(tmp_path, host="other-host", pid=1, process="x", renewed_at=time.time() - EXPIRES_S + 0.5, run="active")
+    calls: list[float] = []
+
+    def failing_warm_up() -> None:
+        calls.append(time.monotonic())
+        raise RuntimeError("the warm-up query failed")
+
+    wait_free([str(tmp_path)], every=(0.1, failing_warm_up))
+    assert len(calls) >= 2

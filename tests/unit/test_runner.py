@@ -4,6 +4,7 @@ tests/eos/test_run_command.py)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -35,3 +36,34 @@ def test_the_restart_flag_is_a_strategy_table_on_one_line() -> None:
         parse_restart("sometimes")
     with pytest.raises(ConfigError, match="is not key=value"):
         parse_restart("fixed-delay:attempts")
+
+
+def test_a_standby_that_loses_the_race_to_take_over_goes_back_to_waiting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 46, finding 3: two standbys found the lease void together; this one's start was
+    refused because the other holds the query now. It must wait again (and take over when the
+    other dies), not use up its restarts and exit."""
+    from oncekit import runner
+    from oncekit.core.errors import ConfigError
+
+    waits: list[int] = []
+    monkeypatch.setattr(runner, "stand_by", lambda *args, **kwargs: waits.append(1))
+    monkeypatch.setattr(runner, "spark_session", lambda *args, **kwargs: object())
+    starts: list[int] = []
+
+    def start(spark: Any) -> Any:
+        starts.append(1)
+        if len(starts) == 1:
+            raise ConfigError(f"the query checkpointed at {tmp_path} is running (driver pid 7 on other-host, lease "
+                              "renewed 0 s ago); two drivers on one checkpoint would take turns fencing each other")
+        raise _Finished()
+
+    monkeypatch.setattr(runner, "load_job", lambda spec: start)
+    with pytest.raises(_Finished):
+        runner.run_job("job.py", restart="fixed-delay:attempts=3,delay_s=0", standby=[str(tmp_path)])
+    assert len(waits) == 2 and len(starts) == 2
+
+
+class _Finished(BaseException):
+    """The second standby's job, once it took over (ends the test)."""
