@@ -278,3 +278,23 @@ def test_a_failed_warm_up_does_not_end_a_waiting_standby(tmp_path: Path) -> None
 
     wait_free([str(tmp_path)], every=(0.1, failing_warm_up))
     assert len(calls) >= 2
+
+
+def test_a_live_driver_on_this_host_is_live_where_proc_hides_other_users_processes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With /proc mounted hidepid=2 a process of another user has no /proc entry, yet it runs:
+    its lease must not look void."""
+    import subprocess
+    import sys
+
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        real_exists = os.path.exists
+        monkeypatch.setattr(os.path, "exists", lambda path: False if str(path).startswith("/proc/") else real_exists(path))
+        _write(tmp_path, host=socket.gethostname(), pid=other.pid, process="x", renewed_at=time.time(), boot=_BOOT,
+               run="active")
+        assert QueryLease(str(tmp_path)).holder() is not None
+    finally:
+        other.kill()
+        other.wait()
