@@ -33,7 +33,7 @@ from typing import Any
 
 from oncekit.core import savepoint as savepoints
 from oncekit.core.errors import ConfigError
-from oncekit.core.restart import RestartStrategy, strategy_from_config, supervise
+from oncekit.core.restart import RestartStrategy, strategy_from_config, superseded, supervise
 from oncekit.core.spark.query import OncekitQuery
 from oncekit.core.spark.session import spark_session
 from oncekit.core.savepoint import identify
@@ -165,17 +165,26 @@ def status_page(port: int) -> Callable[[list[OncekitQuery]], None]:
 def run_job(job: str, restart: str = DEFAULT_RESTART, standby: Sequence[str] = (), app_name: str = "oncekit-job",
             ui_port: int | None = None) -> int:
     """``oncekit run``: run ``job`` under the restart strategy ``restart``; with ``standby`` (the
-    job's checkpoint locations), warm up and wait until no other driver holds them first; with
-    ``ui_port``, serve the status page while it runs. Ends when the job's queries ended, the
+    job's checkpoint locations), warm up and wait until no other driver holds them first, and
+    wait again whenever another driver turns out to run them (it won the race to take over, or
+    took over from this one); with ``ui_port``, serve the status page while it runs. Ends when the job's queries ended, the
     strategy gave up (RestartsExhaustedError), or a stop-with-savepoint was taken."""
     start, strategy = load_job(job), parse_restart(restart)
     session = functools.partial(spark_session, app_name)
-    if standby:
-        stand_by(session(), list(standby), announce=print, modules=WARM_UP_MODULES, analyze=analyze_for_warm_up)
-        print("standby: taking over", flush=True)
     one = Attempt(job, start, status_page(ui_port) if ui_port is not None else lambda queries: None)
-    restarts = supervise(lambda: one(session()), strategy,
-                         on_restart=lambda count, error: print(f"job {job} failed ({error}); restart {count}", flush=True))
+    while True:
+        if standby:
+            stand_by(session(), list(standby), announce=print, modules=WARM_UP_MODULES, analyze=analyze_for_warm_up)
+            print("standby: taking over", flush=True)
+        try:
+            restarts = supervise(lambda: one(session()), strategy, on_restart=lambda count, error: print(
+                f"job {job} failed ({error}); restart {count}", flush=True))
+            break
+        except Exception as exc:
+            if not standby or not superseded(exc):
+                raise
+            # Another standby won the race to take over, or took over from this one: wait again.
+            print(f"standby: another driver runs the job's queries ({type(exc).__name__}); waiting again", flush=True)
     if one.saved is not None:
         print(f"stopped with savepoint {one.saved.name} at {one.saved.path}", flush=True)
     print(f"job {job} finished ({restarts} restarts)", flush=True)

@@ -37,7 +37,7 @@ from benchmarks.data import committed_reader, records
 from benchmarks.latency import percentile
 from benchmarks.table import Row, Table
 from oncekit.connectors import KafkaConfig
-from oncekit.core.spark.query import progress_started
+from oncekit.core.spark.watchdog import progress_started
 from oncekit.reference import config as pipeline_config
 from oncekit.reference.demo import Expected, check, expected
 from oncekit.reference.generator import Event, Workload, events, produce

@@ -1,34 +1,46 @@
-"""The checkpoint engine: ties a sink's commits to Spark's checkpoint completion.
+"""The checkpoint engine: ties a sink's commits to Spark's checkpoint completion, under the
+epoch of the query run it acts for.
 
 The commit sequence of one batch N (checkpoint id = Spark batch id):
 
 1. Tasks pre-commit (prepare a transaction, stage rows) and return committables
    (:meth:`CheckpointEngine.write_task`).
 2. Spark calls the stream writer's driver-side commit; :meth:`CheckpointEngine.checkpoint`
-   journals the committables under ``<checkpoint>/oncekit/<sink>/`` and returns.
+   journals the committables under ``<checkpoint>/oncekit/<sink>/`` in an entry of the run's own,
+   and the sink makes the run's decision final at its target, fenced by the run's epoch
+   (:meth:`~oncekit.core.protocol.Sink.decide`; a two-phase-commit sink only).
 3. Spark writes ``commits/N``: the checkpoint is complete.
-4. A notification for N commits every journaled batch up to N that Spark logged as committed
+4. A notification for N commits every decided batch up to N that Spark logged as committed
    (:meth:`CheckpointEngine.complete`): from the query listener, from a later batch's step 2,
    or when the query stops. Notifications may be late, repeated or lost; commits are idempotent.
-5. Recovery (:meth:`CheckpointEngine.recover`) runs in the first stream writer Spark creates on
-   the driver after a query start (every writer, for a query started without
-   :func:`~oncekit.core.spark.query.start_query`): it commits what belongs to completed
-   checkpoints, aborts what belongs to checkpoints that did not complete, and aborts leftovers
-   of failed task attempts and earlier runs.
+5. Recovery (:meth:`CheckpointEngine.recover`), at every run's start, right after the run took its
+   epoch: it commits what was decided, and aborts what no decision names and no run can decide
+   any more.
+
+Why a decision, and not the journal entry alone, for a sink whose pre-commits hold what a replay
+needs (a prepared transaction): a run that a newer one superseded may journal a batch at any
+moment after the newer run looked, and its Spark may then log the batch complete. The newer run
+could never tell such an entry from one that came too late, and aborting what it names would lose
+the batch. The decision is refused by the target once the newer epoch is there, so the newer run,
+which reads decisions after taking its epoch, sees every decision that will ever count. A
+decided batch is committed even before Spark logs it complete: its replay then finds its
+partitions committed and writes nothing (Spark replays a batch from the same offsets). A sink
+whose pre-commits hold nothing (staged files) needs no decision: nothing of it is deleted until
+its batch is done, so any entry of a completed batch can still be committed.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from oncekit.core.protocol import Committable, Sink, SinkConfig, SinkOwner, TaskInfo
 from oncekit.core.crash import crash_point
-from oncekit.core.errors import CommitError, FencedError
+from oncekit.core.errors import CommitError, ConfigError, FencedError
 from oncekit.core.journal import Journal
 from oncekit.core.lease import QueryLease
+from oncekit.core.protocol import Committable, Sink, SinkConfig, SinkOwner, TaskInfo
 from oncekit.core.spark_log import SparkLog
 
 if TYPE_CHECKING:
@@ -40,15 +52,20 @@ logger = logging.getLogger(__name__)
 @dataclass
 class RecoveryReport:
     committed_batches: list[int] = field(default_factory=list)
-    aborted_batches: list[int] = field(default_factory=list)
+    """Decided batches committed: every one Spark completed, and those decided but not completed
+    of a sink whose pre-commits block a replay."""
     aborted_leftovers: list[str] = field(default_factory=list)
+    """What older runs left open that no decision names."""
 
 
 class CheckpointEngine:
-    """Driver-side coordination of one sink of one query; the task side is :meth:`write_task`.
+    """Driver-side coordination of one sink of one query for one run; the task side is
+    :meth:`write_task`.
 
-    Safe to run from several processes at once (listener, driver worker, tasks): every step is
-    idempotent, and recovery never touches what a running batch may still commit.
+    Safe to run from several processes at once (listener, driver worker, tasks) and beside other
+    runs of the query: every step is idempotent, every act at a target is fenced by this run's
+    epoch there, and nothing here aborts or deletes what a newer run made or what a decision
+    names.
     """
 
     def __init__(self, sink: Sink, checkpoint: str, epoch: int = 0) -> None:
@@ -65,6 +82,13 @@ class CheckpointEngine:
         ``checkpoint``, acting for the query run of ``epoch``."""
         return cls(config.build(checkpoint), checkpoint, epoch)
 
+    @classmethod
+    def for_run(cls, config: SinkConfig, checkpoint: str, token: str) -> CheckpointEngine | None:
+        """The engine acting for query run ``token``'s epoch; None when the run took none (its
+        first writer never got that far: it decided nothing, so there is nothing of it to commit)."""
+        epoch = Journal(checkpoint, config.sink_id).epoch_of(token) if token else None
+        return None if epoch is None else cls.of(config, checkpoint, epoch)
+
     def preflight(self) -> None:
         """Driver, once per query start (the stream writer): the sink's checks, then whether the
         sink id is free for this checkpoint's query
@@ -74,23 +98,23 @@ class CheckpointEngine:
         if owner is not None:
             self.sink.refuse_claimed(owner, owner_in_use)
 
-    def start_run(self, token: str) -> RecoveryReport:
+    def start_run(self, token: str, on_epoch: Callable[[int], object] = lambda epoch: None) -> RecoveryReport:
         """Driver, the first stream writer of query run ``token``, after :meth:`preflight`: take
-        the run's epoch (the sink's fencing token: above every earlier run's, recorded in the
-        target, :meth:`~oncekit.core.protocol.Sink.take_epoch`), recover under it, claim the sink
-        id for this checkpoint's query (:meth:`~oncekit.core.protocol.Sink.claim`), then record
-        the run. From the epoch on, the target refuses every older run's acts, and this run's
-        aborts touch nothing of a newer run's."""
+        the run's epoch at the target (:meth:`~oncekit.core.protocol.Sink.take_epoch`: one
+        linearizable step, so no other run holds it, and the target refuses every older run's
+        acts from then on), tell ``on_epoch`` (the run records it in the query's lease), record
+        it in the journal, recover under it, then claim the sink id for this checkpoint's query
+        (:meth:`~oncekit.core.protocol.Sink.claim`, fenced at the target)."""
         epoch = self.sink.take_epoch(self.journal.latest_epoch())
         self.epoch = epoch
         self.sink.act_for(epoch)
+        on_epoch(epoch)
+        self.journal.record_epoch(token, epoch)
         logger.info("sink %s: run %s takes epoch %s", self.sink.sink_id, token, epoch)
         report = self.recover()
         owner = self._owner()
         if owner is not None:
             self.sink.claim(owner)
-        self.journal.record_epoch(token, epoch)
-        self.journal.start_run(token)
         return report
 
     def _owner(self) -> SinkOwner | None:
@@ -100,18 +124,18 @@ class CheckpointEngine:
         return None if query_id is None else SinkOwner(query_id, self.location)
 
     def refuse_superseded(self, where: str) -> None:
-        """Driver: FencedError when a newer run than this engine's took the sink. A check for a
-        named error early; what makes an older run harmless is the target's refusal and
-        :meth:`_may_touch`."""
+        """Driver: FencedError when a newer run than this engine's took the sink, as far as the
+        journal tells. An early, named refusal; what makes an older run harmless is the
+        target's refusal of its acts."""
         latest = self.journal.latest_epoch()
-        if self.epoch and latest > self.epoch:
+        if latest > self.epoch:
             raise FencedError(f"sink {self.sink.sink_id} {where}: this run (epoch {self.epoch}) was superseded by epoch "
                               f"{latest}: another driver took the query over")
 
-    def _may_touch(self, committable: Committable) -> bool:
-        """Whether this run may abort ``committable``: its own or an older run's, never a newer
-        run's (an engine without an epoch is unfenced: anything)."""
-        return not self.epoch or committable.epoch <= self.epoch
+    def _require_epoch(self, where: str) -> None:
+        if not self.epoch:
+            raise ConfigError(f"sink {self.sink.sink_id} {where}: the engine acts for no query run (epoch 0); "
+                              "take the run's epoch first (start_run), or build it for the run (for_run)")
 
     # -- task side ---------------------------------------------------------------------------
 
@@ -126,23 +150,24 @@ class CheckpointEngine:
 
     def checkpoint(self, batch_id: int, committables: Sequence[Committable], notified: bool = False) -> None:
         """Driver, in the stream writer's commit for ``batch_id``, before Spark's commit log:
-        catch up on earlier completed checkpoints, journal this one, abort what lost attempts
-        left open (of this batch, and strays of earlier ones: a killed task on a slow executor
-        can prepare after its batch's sweep), forget what no recovery can need any more
-        (:meth:`_prune`). A batch with nothing to commit later is journaled too: its
-        checkpoint-complete notification is still the sink's to hear (and the crash points' to
-        test). Refuses to journal a committable that is no longer held open (CommitError).
+        catch up on earlier completed checkpoints, journal this one in the run's own entry, have
+        the sink make the decision final at the target (fenced: FencedError for a superseded run,
+        whose entry then counts for nothing and whose batch Spark does not log), then abort what
+        this run's lost attempts left open (of this batch, and strays of earlier ones that this
+        run decided: a killed task on a slow executor can pre-commit after its batch's sweep) and
+        what older runs' stragglers prepared since this run started (none of it can be decided).
+        Refuses to journal a committable that is no longer held open (CommitError).
 
         When ``notified`` (a listener or the run's committer delivers notifications), the previous
         batch is left to it: it is most likely committing that batch right now, and two committers
         of one batch fence each other (Kafka) or wait on each other's locks (PostgreSQL). The
-        catch-up then reaches only the batch before.
-
-        Of a run that a newer one superseded: FencedError, and nothing journaled."""
+        catch-up then reaches only the batch before."""
+        self._require_epoch(f"batch {batch_id}")
         self.refuse_superseded(f"batch {batch_id}")
         self.complete(batch_id - (2 if notified else 1))
-        held = [c for c in self.sink.leftovers() if c.batch_id <= batch_id]
-        missing = sorted(c.name for c in committables if c.key not in {h.key for h in held})
+        held = self._leftovers(batch_id)
+        blocking = {t.sink_id for t in self.sink.targets() if t.blocking_pre_commits}
+        missing = sorted(c.name for c in committables if c.sink_id in blocking and c.key not in {h.key for h in held})
         if missing:
             # Journaled, they could never be committed, and Spark would log the batch complete
             # without them: its output for those partitions would be lost.
@@ -151,61 +176,81 @@ class CheckpointEngine:
                 "checkpoint (another attempt of the task aborted it: spark.speculation, or a stage retried while "
                 "the old attempt still ran); nothing of the batch is journaled, so it fails and is replayed")
         self.journal.write(batch_id, committables, self.epoch)
-        logger.info("sink %s batch %s: journaled %s committables", self.sink.sink_id, batch_id, len(committables))
+        for target in self.sink.targets():
+            target.decide(batch_id, [c for c in committables if c.sink_id == target.sink_id])
+        logger.info("sink %s batch %s: journaled and decided %s committables (epoch %s)", self.sink.sink_id, batch_id,
+                    len(committables), self.epoch)
         crash_point("driver_after_journal", batch_id)
-        journaled, done = self.journal.entries()
-        for held_batch in sorted({c.batch_id for c in held}):
-            # What a journal entry names stays (the listener or the catch-up commits it, maybe
-            # right now); anything else held open is an attempt no journal names.
-            try:
-                named = committables if held_batch == batch_id else \
-                    self.journal.read(held_batch) if held_batch in journaled else []
-            except FileNotFoundError:
-                continue  # pruned meanwhile: committed; look again at the next batch
+        # Older runs' pre-commits that block a replay: no older run can decide anything since
+        # this one took its epoch, and this run's recovery committed what they had decided.
+        older = [c for c in held if c.epoch < self.epoch and c.sink_id in blocking]
+        for held_batch in sorted({c.batch_id for c in older}):
+            self._abort(held_batch, [c for c in older if c.batch_id == held_batch])
+        mine = [c for c in held if c.epoch == self.epoch]
+        for held_batch in sorted({c.batch_id for c in mine}):
+            named = committables if held_batch == batch_id else self.journal.read_all(held_batch).get(self.epoch)
+            if named is None:
+                continue  # a batch this run never decided: its stop or the next run settles it
             kept = {c.key for c in named}
-            lost = [c for c in held if c.batch_id == held_batch and c.key not in kept and self._may_touch(c)]
-            if lost:
-                self.sink.abort_batch(held_batch, lost)
-        self._prune(self.spark_log.completed(), journaled, done)  # recovery runs once per query start
+            self._abort(held_batch, [c for c in mine if c.batch_id == held_batch and c.key not in kept])
+        self._prune()
 
     def abort(self, batch_id: int, committables: Sequence[Committable]) -> None:
-        """Driver, in the stream writer's abort: Spark gave up on ``batch_id``. Aborts what this
-        run's tasks (or older runs') left open for the batch, never a newer run's."""
-        leftovers = [c for c in self.sink.leftovers([batch_id]) if self._may_touch(c)]
-        known = {c.key for c in committables}
-        self.sink.abort_batch(batch_id, [*committables, *(c for c in leftovers if c.key not in known)])
+        """Driver, in the stream writer's abort: Spark gave up on ``batch_id`` in this run. Of what
+        this run's tasks left open for the batch, a sink whose pre-commits block a replay aborts
+        all once the batch is closed to this run's decisions (:meth:`~oncekit.core.protocol.Sink.veto`),
+        or, if this run decided it already, what the decision does not name. Staged files wait
+        until their batch is done. Never touches another run's."""
+        self._require_epoch(f"batch {batch_id} abort")
+        held = [*committables, *(c for c in self._leftovers(batch_id) if c.batch_id == batch_id)]
+        self._settle_own(batch_id, [c for c in held if c.epoch == self.epoch], commit_decided=False)
 
     def abort_unfinished(self) -> list[str]:
-        """Driver, once its query has stopped or failed: abort what this run (its epoch; nothing
-        for an unfenced engine) holds open that no commit will make visible: all it holds of
-        batches Spark did not complete (the next start replays them), and of completed batches
-        what their journal entries do not name (attempts that lost, such as a killed task that
-        pre-committed after its batch's sweep). Returns their names."""
+        """Driver, once its query has stopped or failed for good: settle what this run holds open,
+        so nothing of it is left prepared while the query is down: of each batch, what this run
+        decided is committed (a decided batch is final, complete or not; its replay writes
+        nothing), the rest aborted once the batch is closed to this run's decisions. Staged files
+        wait until their batch is done. Returns the names of what was aborted."""
         if not self.epoch:
             return []
-        journaled, _ = self.journal.entries()  # before the leftovers: an entry pruned after them was committed
-        completed = self.spark_log.completed()
-        mine = [c for c in self.sink.leftovers() if c.epoch == self.epoch]
-        lost: list[Committable] = []
+        mine = [c for c in self._leftovers() if c.epoch == self.epoch]
+        lost: list[str] = []
         for batch_id in sorted({c.batch_id for c in mine}):
-            held = [c for c in mine if c.batch_id == batch_id]
-            if is_complete(batch_id, completed):
-                try:
-                    named = {c.key for c in self.journal.read(batch_id)} if batch_id in journaled else set()
-                except FileNotFoundError:
-                    continue  # pruned meanwhile: committed, and what it named with it
-                held = [c for c in held if c.key not in named]
-            if held:
-                self.sink.abort_batch(batch_id, held)
-                lost += held
-        return [c.name for c in lost]
+            lost += self._settle_own(batch_id, [c for c in mine if c.batch_id == batch_id], commit_decided=True)
+        return lost
+
+    def _settle_own(self, batch_id: int, held: Sequence[Committable], commit_decided: bool) -> list[str]:
+        """This run's ``held`` of ``batch_id``, per target whose pre-commits block a replay:
+        closed to this run's decisions, abort them; decided by this run, abort what the decision
+        does not name (and with ``commit_decided``, commit what it names)."""
+        aborted: list[str] = []
+        for target in self.sink.targets():
+            part = [c for c in held if c.sink_id == target.sink_id]
+            if not part or not target.blocking_pre_commits:
+                continue
+            if target.veto(batch_id):
+                lost = part
+            else:
+                decided = [c for c in self.journal.read_all(batch_id).get(self.epoch, []) if c.sink_id == target.sink_id]
+                named = {c.key for c in decided}
+                lost = [c for c in part if c.key not in named]
+                if commit_decided and decided:
+                    target.commit_batch(batch_id, decided)
+            if lost:
+                target.abort_batch(batch_id, _unique(lost))
+                aborted += [c.name for c in _unique(lost)]
+        return aborted
 
     def complete(self, up_to: int | None = None) -> list[int]:
         """Checkpoint-complete notification: commit every journaled, not yet committed batch
         up to ``up_to`` (all if None) that Spark logged as committed. Returns those batch ids."""
         committed = self.uncommitted(up_to)
-        for batch_id in committed:
-            self._commit(batch_id)
+        if committed:
+            self._require_epoch("checkpoint-complete notification")
+            decided = self._decided(set(committed))
+            for batch_id in committed:
+                self._commit(batch_id, decided)
+                self.journal.mark_done(batch_id)
         return committed
 
     def uncommitted(self, up_to: int | None = None) -> list[int]:
@@ -215,67 +260,123 @@ class CheckpointEngine:
         candidates = sorted(b for b in journaled - done if up_to is None or b <= up_to)
         if not candidates:
             return []
-        return [b for b in candidates if is_complete(b, self.spark_log.completed())]
+        completed = self.spark_log.completed()
+        return [b for b in candidates if is_complete(b, completed)]
 
     def recover(self) -> RecoveryReport:
-        """Driver, in the first stream writer of a query run (see :class:`~oncekit.core.spark.writer.QueryRun`).
+        """Driver, at the start of a query run, right after it took its epoch
+        (:meth:`start_run`). Per target:
 
-        - journaled batches Spark logged as committed (or a later one: :func:`is_complete`):
-          committed (recover_and_commit);
-        - journaled batches Spark did not log: aborted and forgotten (Spark re-runs them);
-        - open transactions or staged files no journal names: aborted, unless they belong to the
-          newest planned batch while it is still running (its driver commit is about to come).
+        - every batch Spark completed is committed from its decisions;
+        - where pre-commits block a replay: a batch decided but not completed is committed too,
+          and what older runs left open that no decision names is aborted (no older run can
+          decide anything any more: the target refuses it since this run took its epoch);
+        - staged files of batches already done are deleted; others wait for their batch.
 
-        A newer run's journal entry or open work means this run was superseded: FencedError,
-        before anything is touched.
-        """
+        Work of a newer run (an entry, or something held open) means this run was superseded:
+        FencedError, before anything is touched."""
+        self._require_epoch("recovery")
+        self.refuse_superseded("recovery")
         report = RecoveryReport()
         completed = self.spark_log.completed()
-        latest = self.spark_log.latest_planned()
         journaled, done = self.journal.entries()
-        if self.epoch:
-            newer = [c.name for c in self.sink.leftovers() if c.epoch > self.epoch]
-            newer += [f"journal entry of batch {b}" for b in sorted(journaled - done) if self.journal.epoch_of_entry(b) > self.epoch]
-            if newer:
-                raise FencedError(f"sink {self.sink.sink_id} recovery: this run (epoch {self.epoch}) was superseded: a "
-                                  f"newer run wrote {', '.join(newer[:5])}")
+        pending = sorted(journaled - done)
+        leftovers = self._leftovers()
+        newer = [c.name for c in leftovers if c.epoch > self.epoch]
+        newer += [f"journal entry of batch {b}" for b, epochs in self.journal.epochs_of(set(pending)).items()
+                  if max(epochs, default=0) > self.epoch]
+        if newer:
+            raise FencedError(f"sink {self.sink.sink_id} recovery: this run (epoch {self.epoch}) was superseded: a "
+                              f"newer run wrote {', '.join(newer[:5])}")
+        decided = self._decided(set(pending))
         named: set[tuple[str, str]] = set()
-        for batch_id in sorted(journaled - done):
-            committables = self.journal.read(batch_id)
-            if is_complete(batch_id, completed):
-                self._commit(batch_id, committables)
+        finished = set(done)
+        for batch_id in pending:
+            complete = is_complete(batch_id, completed)
+            kept, committed = self._commit(batch_id, decided, early=not complete)
+            named |= kept
+            if complete:
+                self.journal.mark_done(batch_id)
+                finished.add(batch_id)
+            if committed:
                 report.committed_batches.append(batch_id)
-                named.update(c.key for c in committables)
+        for target in self.sink.targets():
+            held = [c for c in leftovers if c.sink_id == target.sink_id and c.key not in named]
+            if target.blocking_pre_commits:
+                lost = [c for c in held if c.epoch < self.epoch]
             else:
-                logger.warning("sink %s batch %s: checkpoint never completed; aborting %s committables",
-                               self.sink.sink_id, batch_id, len(committables))
-                self.sink.abort_batch(batch_id, committables)
-                self.journal.delete(batch_id)
-                report.aborted_batches.append(batch_id)
-        orphans = [
-            c for c in self.sink.leftovers()
-            if c.key not in named and not (c.batch_id == latest and c.batch_id not in completed)
-        ]
-        for batch_id in sorted({c.batch_id for c in orphans}):
-            lost = [c for c in orphans if c.batch_id == batch_id]
-            self.sink.abort_batch(batch_id, lost)
-            report.aborted_leftovers.extend(c.name for c in lost)
-        self._prune(completed, journaled, done)
+                lost = [c for c in held if c.batch_id in finished]  # garbage of done batches
+            for batch_id in sorted({c.batch_id for c in lost}):
+                part = [c for c in lost if c.batch_id == batch_id]
+                target.abort_batch(batch_id, part)
+                report.aborted_leftovers.extend(c.name for c in part)
+        self._prune()
         return report
 
-    def _commit(self, batch_id: int, committables: Sequence[Committable] | None = None) -> None:
-        crash_point("before_notify", batch_id)
-        if committables is None:
-            committables = self.journal.read(batch_id)
-        self.sink.commit_batch(batch_id, committables)
-        self.journal.mark_done(batch_id)
+    def _decided(self, batch_ids: set[int]) -> dict[str, dict[int, set[int]] | None]:
+        """Per target, which runs' entries of ``batch_ids`` are its decisions (None: all)."""
+        if not batch_ids:
+            return {}
+        return {t.sink_id: t.decided(batch_ids) for t in self.sink.targets()}
 
-    def _prune(self, completed: set[int], journaled: set[int], done: set[int]) -> None:
+    def _commit(self, batch_id: int, decided: dict[str, dict[int, set[int]] | None], early: bool = False
+                ) -> tuple[set[tuple[str, str]], bool]:
+        """Commit ``batch_id`` on every target from its decisions; with ``early`` (the batch is
+        decided but not complete) only where pre-commits block a replay. Returns the keys of
+        what the decisions name (which recovery must never abort), and whether it committed."""
+        entries = self.journal.read_all(batch_id)
+        named: set[tuple[str, str]] = set()
+        committed = False
+        for index, target in enumerate(self.sink.targets()):
+            epochs = decided.get(target.sink_id)
+            valid = {e: [c for c in cs if c.sink_id == target.sink_id] for e, cs in entries.items()
+                     if epochs is None or e in epochs.get(batch_id, set())}
+            named |= {c.key for cs in valid.values() for c in cs}
+            if not valid:
+                if not early and entries:
+                    raise CommitError(f"sink {target.sink_id} batch {batch_id}: Spark completed the batch, but no "
+                                      f"journal entry of it is a decision (entries of epochs {sorted(entries)})")
+                continue
+            if early and not target.blocking_pre_commits:
+                continue  # kept until the batch completes
+            # Pre-commits that block a replay: every decision's (at most one holds anything open
+            # per partition). Staged files: the newest entry's (an older one's files are the same
+            # rows, written before the run that replayed the batch).
+            committables = _unique([c for cs in valid.values() for c in cs]) if target.blocking_pre_commits \
+                else valid[max(valid)]
+            if index:
+                crash_point("mid_commit", batch_id)
+            crash_point("before_notify", batch_id)
+            target.commit_batch(batch_id, committables)
+            committed = True
+            if not early and not target.blocking_pre_commits:
+                # Done: whatever else was staged for the batch (older runs' entries, a killed
+                # task's late file) is garbage now.
+                garbage = [c for c in target.leftovers([batch_id]) if c.key not in {k.key for k in committables}]
+                if garbage:
+                    target.abort_batch(batch_id, garbage)
+        return named, committed
+
+    def _abort(self, batch_id: int, committables: Sequence[Committable]) -> None:
+        for target in self.sink.targets():
+            part = [c for c in committables if c.sink_id == target.sink_id]
+            if part:
+                target.abort_batch(batch_id, part)
+
+    def _leftovers(self, up_to: int | None = None) -> list[Committable]:
+        """What every target holds open (prepared transactions, staged files), of batches up to
+        ``up_to`` (all if None)."""
+        found = self.sink.leftovers()
+        return found if up_to is None else [c for c in found if c.batch_id <= up_to]
+
+    def _prune(self) -> None:
         """Forget finished batches older than the oldest commit Spark still keeps (its
         ``minBatchesToRetain``), in the journal and in the sink: no recovery can need them. The
         sink forgets only below every batch the journal still holds unfinished."""
+        completed = self.spark_log.completed()
         if not completed:
             return
+        journaled, done = self.journal.entries()
         oldest = min(completed)
         forgotten = sorted(b for b in done if b < oldest)
         for batch_id in forgotten:
@@ -283,6 +384,13 @@ class CheckpointEngine:
         if forgotten:
             self.journal.sweep(oldest)
             self.sink.forget(min([oldest, *(journaled - done)]))
+
+
+def _unique(committables: Sequence[Committable]) -> list[Committable]:
+    seen: dict[tuple[str, str], Committable] = {}
+    for c in committables:
+        seen.setdefault(c.key, c)
+    return list(seen.values())
 
 
 def is_complete(batch_id: int, completed: set[int]) -> bool:

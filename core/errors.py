@@ -45,6 +45,11 @@ class NonDeterministicReplayError(OncekitError):
     """A replayed batch would write other records than the committed attempt wrote."""
 
 
+class LeaseHeldError(ConfigError):
+    """Another live driver holds the query's lease (:mod:`oncekit.core.lease`): this one does not
+    start it. A standby that meets it lost the race to take over, and waits again."""
+
+
 class LeaseLostError(OncekitError):
     """Another driver holds the query's lease (:mod:`oncekit.core.lease`): this one was paused
     past its expiry and a standby took over, so this one stops its query."""

@@ -11,9 +11,15 @@ of batch N:
    write-ahead log, commit with a marker for the task-commit and idempotent protocols) in a
    thread of its own, side by side with the others, and the task returns the committables of
    all targets.
-2. The driver journals them in ONE journal entry (the fan-out's), before Spark logs batch N.
+2. The driver journals them in ONE journal entry (the fan-out's), before Spark logs batch N, and
+   each target whose protocol needs it makes the decision final at its target.
 3. Checkpoint-complete commits each target's committables by its own protocol, target after
-   target; recovery commits or aborts per target as for a single sink.
+   target; recovery commits or aborts per target as for a single sink (the engine drives each
+   target, :meth:`FanOutSink.targets`).
+
+One epoch for the whole query run: the first exactly-once target (by sink id) takes it, each
+other target holds it (:meth:`FanOutSink.take_epoch`), so every target refuses the same older
+runs.
 
 Exactly-once holds per target. Visibility across targets is not atomic (as in Flink): after a
 crash between two targets' commits, one target shows batch N before the other does.
@@ -124,12 +130,11 @@ class FanOutSink(Sink):
     protocol = "fan-out"
 
     def __init__(self, config: FanOutConfig, targets: Mapping[str, Sink]) -> None:
-        self.config, self.sink_id, self.targets = config, config.sink_id, dict(targets)
-        self._by_sink_id = {sink.sink_id: sink for sink in self.targets.values()}
+        self.config, self.sink_id, self.targets_by_route = config, config.sink_id, dict(targets)
 
     @property
     def commits_in_task(self) -> bool:
-        return any(sink.commits_in_task for sink in self.targets.values())
+        return any(sink.commits_in_task for sink in self.targets_by_route.values())
 
     def preflight(self, resumed: bool = False) -> None:
         self._each(lambda sink: sink.preflight(resumed))
@@ -143,12 +148,12 @@ class FanOutSink(Sink):
         aborts what it had written (a protocol commits or pre-commits only at the end of its
         input) and the task raises the first error."""
         where = f"{FORMAT} sink {self.sink_id} batch {task.batch_id} partition {task.partition_id}"
-        feeds = {route: _Feed(where, route) for route in self.targets}
-        with ThreadPoolExecutor(len(self.targets), thread_name_prefix="oncekit-fanout") as pool:
+        feeds = {route: _Feed(where, route) for route in self.targets_by_route}
+        with ThreadPoolExecutor(len(self.targets_by_route), thread_name_prefix="oncekit-fanout") as pool:
             writers = {route: pool.submit(sink.write_partition,
                                           TaskInfo(sink.sink_id, task.batch_id, task.partition_id, task.attempt, task.epoch),
                                           iter(feeds[route]))
-                       for route, sink in self.targets.items()}
+                       for route, sink in self.targets_by_route.items()}
             for route, writer in writers.items():
                 writer.add_done_callback(feeds[route].writer_ended)
             try:
@@ -168,10 +173,10 @@ class FanOutSink(Sink):
 
     def _route(self, batch: pa.RecordBatch, feeds: Mapping[str, _Feed], where: str) -> None:
         routes = batch.column(batch.schema.get_field_index(self.config.route_column))
-        unknown = pc.unique(pc.filter(routes, pc.invert(pc.is_in(routes, pa.array(list(self.targets)))))).to_pylist()
+        unknown = pc.unique(pc.filter(routes, pc.invert(pc.is_in(routes, pa.array(list(self.targets_by_route)))))).to_pylist()
         if unknown or routes.null_count:
             raise ConfigError(f"{where}: rows routed to {unknown or [None]} by column {self.config.route_column}, "
-                              f"which names no target; targets are {', '.join(self.targets)}")
+                              f"which names no target; targets are {', '.join(self.targets_by_route)}")
         for route, feed in feeds.items():
             part = batch.filter(pc.equal(routes, route)).select(list(self.config.target_columns(route)))
             if part.num_rows:
@@ -182,27 +187,14 @@ class FanOutSink(Sink):
         trips: a query's start checks, recovers and claims every target); the results in the
         targets' order, or the first target's error in that order once all have returned. The
         commit of a batch is not made so: it goes target after target, with a crash point between."""
-        if len(self.targets) < 2:
-            return [call(sink) for sink in self.targets.values()]
-        with ThreadPoolExecutor(len(self.targets), thread_name_prefix="oncekit-fanout-driver") as pool:
-            results = [pool.submit(call, sink) for sink in self.targets.values()]
+        if len(self.targets_by_route) < 2:
+            return [call(sink) for sink in self.targets_by_route.values()]
+        with ThreadPoolExecutor(len(self.targets_by_route), thread_name_prefix="oncekit-fanout-driver") as pool:
+            results = [pool.submit(call, sink) for sink in self.targets_by_route.values()]
         return [result.result() for result in results]
 
-    def _by_target(self, committables: Sequence[Committable]) -> Iterator[tuple[Sink, list[Committable]]]:
-        for sink in self.targets.values():
-            yield sink, [c for c in committables if c.sink_id == sink.sink_id]
-
-    def commit_batch(self, batch_id: int, committables: Sequence[Committable]) -> None:
-        """Driver: each target commits its part by its own protocol, in the targets' order; a
-        target whose protocol committed in the task still hears of the batch (it does nothing)."""
-        for index, (sink, part) in enumerate(self._by_target(committables)):
-            if index:
-                crash_point("mid_commit", batch_id)
-            sink.commit_batch(batch_id, part)
-
-    def abort_batch(self, batch_id: int, committables: Sequence[Committable]) -> None:
-        parts = {sink.sink_id: part for sink, part in self._by_target(committables)}
-        self._each(lambda sink: sink.abort_batch(batch_id, parts[sink.sink_id]) if parts[sink.sink_id] else None)
+    def targets(self) -> list[Sink]:
+        return list(self.targets_by_route.values())
 
     def leftovers(self, batch_ids: Iterable[int] | None = None) -> list[Committable]:
         wanted = None if batch_ids is None else list(batch_ids)
@@ -216,20 +208,33 @@ class FanOutSink(Sink):
 
     def act_for(self, epoch: int) -> None:
         self.epoch = epoch
-        for sink in self.targets.values():
+        for sink in self.targets_by_route.values():
             sink.act_for(epoch)
 
     def take_epoch(self, floor: int) -> int:
-        """Each target takes an epoch above ``floor``; the run's is the highest, so that it is at
-        or above every target's record and the next run's is above all of them."""
-        return max(self._each(lambda sink: sink.take_epoch(floor)))
+        """The run's one epoch: the first exactly-once target by sink id takes it (its register
+        makes it unique to this run), and every other target holds it (FencedError from one that
+        holds a newer run's: this run is superseded already)."""
+        ordered = sorted(self.targets_by_route.values(), key=lambda sink: (sink.guarantee is not DeliveryGuarantee.EXACTLY_ONCE,
+                                                                          sink.sink_id))
+        epoch = ordered[0].take_epoch(floor)
+        others = ordered[1:]
+        if others:
+            with ThreadPoolExecutor(len(others), thread_name_prefix="oncekit-fanout-driver") as pool:
+                held = [pool.submit(sink.hold_epoch, epoch) for sink in others]
+            for result in held:
+                result.result()
+        return epoch
+
+    def hold_epoch(self, epoch: int) -> None:
+        self._each(lambda sink: sink.hold_epoch(epoch))
 
     def forget(self, before_batch: int) -> None:
-        for sink in self.targets.values():
+        for sink in self.targets_by_route.values():
             sink.forget(before_batch)
 
     def close(self) -> None:
-        for sink in self.targets.values():
+        for sink in self.targets_by_route.values():
             sink.close()
 
 

@@ -7,10 +7,14 @@ Layout under ``<checkpoint>/oncekit/<sink_id>/journal/``:
   paused past its lease that wakes up never replaces what a newer run journaled; readers take
   the newest epoch's.
 - ``<batch>.done``: all of the batch is committed; the journal never reopens such a batch.
-- ``run``: the newest query run that has recovered (:class:`~oncekit.core.spark.writer.QueryRun`).
-- ``runs/e<epoch>-<token>``: each run that took an epoch, so that a writer of a superseded run
-  knows it is one (:meth:`Journal.epoch_of`, :meth:`Journal.latest_epoch`).
+- ``runs/e<epoch>-<token>``: each run that took an epoch (:class:`~oncekit.core.run.QueryRun`),
+  so that a writer of a superseded run knows it is one (:meth:`Journal.epoch_of`,
+  :meth:`Journal.latest_epoch`), and the newest run is the one with the highest epoch
+  (:meth:`Journal.run`). Every run writes only its own files; nothing here is replaced by a run
+  other than the one that wrote it.
 
+An entry is what a run's driver received; whether it is the batch's decision is the sink's to say
+where a pre-commit holds what a replay needs (:meth:`~oncekit.core.protocol.Sink.decided`).
 Whether a batch's checkpoint is complete is Spark's commit log's to say (:mod:`oncekit.core.spark_log`).
 """
 
@@ -74,16 +78,26 @@ class Journal:
 
     def read(self, batch_id: int) -> list[Committable]:
         """The batch's committables, as the newest run that journaled it received them."""
-        entries = self._entries_of(list_names(self.fs, self.directory)).get(batch_id)
+        entries = self.read_all(batch_id)
         if not entries:
             raise FileNotFoundError(f"{self.directory}: no journal entry of batch {batch_id}")
-        payload = json.loads(read_bytes(self.fs, f"{self.directory}/{max(entries)[1]}"))
-        return [Committable.from_dict(c) for c in payload["committables"]]
+        return entries[max(entries)]
 
-    def epoch_of_entry(self, batch_id: int) -> int:
-        """The newest epoch that journaled ``batch_id`` (0 when none or without one)."""
-        entries = self._entries_of(list_names(self.fs, self.directory)).get(batch_id)
-        return max(entries)[0] if entries else 0
+    def read_all(self, batch_id: int) -> dict[int, list[Committable]]:
+        """Every run's entry of ``batch_id``, by epoch (an entry pruned meanwhile is left out)."""
+        found: dict[int, list[Committable]] = {}
+        for epoch, name in self._entries_of(list_names(self.fs, self.directory)).get(batch_id, []):
+            try:
+                payload = json.loads(read_bytes(self.fs, f"{self.directory}/{name}"))
+            except FileNotFoundError:
+                continue
+            found[epoch] = [Committable.from_dict(c) for c in payload["committables"]]
+        return found
+
+    def epochs_of(self, batch_ids: set[int]) -> dict[int, set[int]]:
+        """For each of ``batch_ids``, the epochs that journaled it."""
+        found = self._entries_of(list_names(self.fs, self.directory))
+        return {b: {epoch for epoch, _ in found.get(b, [])} for b in batch_ids}
 
     @staticmethod
     def stamps(times: dict[str, float]) -> tuple[dict[int, float], dict[int, float]]:
@@ -115,15 +129,9 @@ class Journal:
         delete_file(self.fs, self._path(batch_id, ".done"))
 
     def run(self) -> str | None:
-        """The token of the newest query run whose first stream writer recovered (``run``)."""
-        try:
-            return read_bytes(self.fs, f"{self.directory}/run").decode()
-        except FileNotFoundError:
-            return None
-
-    def start_run(self, token: str) -> None:
-        """Driver, the first stream writer of a query run, once it has recovered."""
-        write_atomically(self.fs, f"{self.directory}/run", token.encode())
+        """The token of the newest query run (the highest epoch taken here); None before any."""
+        runs = self.runs()
+        return max(runs, key=lambda token: runs[token]) if runs else None
 
     def runs(self) -> dict[str, int]:
         """Each recorded run's token and the epoch it took."""
@@ -135,8 +143,9 @@ class Journal:
         return found
 
     def record_epoch(self, token: str, epoch: int) -> None:
-        """Driver, the first stream writer of run ``token``, once the run has taken ``epoch``;
-        forgets all but the newest :data:`RUNS_KEPT` runs."""
+        """Driver, the first stream writer of run ``token``, right after the run took ``epoch``
+        (before its recovery, so that an older run's writers see it superseded as early as
+        possible); forgets all but the newest :data:`RUNS_KEPT` runs."""
         write_atomically(self.fs, f"{self.directory}/runs/e{epoch}-{token}", b"")
         runs = sorted(self.runs().items(), key=lambda run: run[1])
         for old_token, old_epoch in runs[:-RUNS_KEPT]:

@@ -2,24 +2,27 @@
 host can tell: a savepoint is not taken from a running query's checkpoint, a restored savepoint
 does not start beside the query it was taken from, and a standby knows when to take over.
 
-``<checkpoint>/oncekit/lease``: ``{"host", "pid", "process", "renewed_at", "run", "boot"}``
-(seconds since the epoch; ``run`` the query run's token,
-:class:`~oncekit.core.spark.writer.QueryRun`; ``boot`` the kernel's boot id and the pid
-namespace, which tell whether ``pid`` can be looked up here). A driver process holds it through a
-:class:`LeaseKeeper` from its query's first start until the query has stopped for good: renewed
-every :data:`RENEW_S`, kept through the restart strategy's delays, so a query that fails and
-restarts in place keeps it and a standby keeps waiting. A lease not renewed for
-:data:`EXPIRES_S` (``ONCEKIT_LEASE_EXPIRY_S``) is void (its driver died, hung or lost the
-storage); one of a process that is gone from this machine and pid namespace is void at once. A
-standby waits for a void lease (:func:`wait_free`). A driver never overwrites another process's
-lease: finding one, it stops its query (LeaseLostError), and its stream writer refuses to
-journal a batch (:func:`require_held`).
+``<checkpoint>/oncekit/lease``: ``{"host", "pid", "process", "renewed_at", "run", "boot",
+"epoch"}`` (seconds since the epoch; ``run`` the query run's token,
+:class:`~oncekit.core.run.QueryRun`; ``boot`` the kernel's boot id and the pid namespace, which
+tell whether ``pid`` can be looked up here; ``epoch`` the run's fencing token once its first
+writer took it, 0 before). A driver process holds it through a :class:`LeaseKeeper` from its
+query's first start until the query has stopped for good: renewed every :data:`RENEW_S`, kept
+through the restart strategy's delays, so a query that fails and restarts in place keeps it and a
+standby keeps waiting. A lease not renewed for :data:`EXPIRES_S` (``ONCEKIT_LEASE_EXPIRY_S``) is
+void (its driver died, hung or lost the storage); one of a process that is gone from this machine
+and pid namespace is void at once. A standby waits for a void lease (:func:`wait_free`).
 
-The lease decides who runs; it does not make two drivers safe. It is read, then written, so two
-standbys that find it void at the same moment both take it, and a driver paused past the expiry
-acts once more when it wakes. What keeps the output exactly-once then is fencing at the sinks
-(every run's epoch, refused by the target once a newer run took the sink). Clocks of the hosts
-are taken to agree within seconds, as Kafka and Spark themselves assume.
+Who runs follows the epoch, so the lease's winner and the epoch's winner cannot differ for
+long. The file is read, then written (storage offers no compare-and-set), so two standbys that
+find it void at the same moment both take it, and a driver paused between its read and its write
+may put its own record back once. Then the epochs decide: both standbys' first writers take an
+epoch at the sinks' targets (one linearizable step each, so they differ); each records its epoch
+in the lease (:meth:`QueryLease.stamp`) unless the lease holds a higher one, a keeper puts its
+run's record back over a lower epoch's and stands aside for a higher one, and a run whose lease a
+higher epoch holds stops (LeaseLostError) and, as a standby, waits again. What keeps the output
+exactly-once meanwhile is not the lease but fencing at the targets. Clocks of the hosts are taken
+to agree within seconds, as Kafka and Spark themselves assume.
 """
 
 from __future__ import annotations
@@ -29,13 +32,13 @@ import logging
 import os
 import socket
 import threading
-import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from oncekit.core.errors import CommitError, ConfigError
+from oncekit.core import clock
+from oncekit.core.errors import CommitError, ConfigError, FencedError, LeaseHeldError
 from oncekit.core.storage import delete_file, filesystem, read_bytes, write_atomically
 
 logger = logging.getLogger(__name__)
@@ -87,6 +90,32 @@ def _boot() -> str:
 _BOOT = _boot()
 
 
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` of this pid namespace exists. Asked of the kernel, not of /proc: on a
+    /proc mounted with ``hidepid``, another user's process has no entry there and runs all the same."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # it exists, and belongs to another user
+    return True
+
+
+@dataclass(frozen=True)
+class Driver:
+    """Which driver process a lease names: where it runs, and its identity across pid reuse."""
+
+    host: str
+    pid: int
+    process: str
+    boot: str
+
+    @classmethod
+    def this(cls) -> Driver:
+        return cls(socket.gethostname(), os.getpid(), _PROCESS, _BOOT)
+
+
 @dataclass(frozen=True)
 class Lease:
     host: str
@@ -95,24 +124,29 @@ class Lease:
     renewed_at: float
     run: str = ""
     boot: str = ""
+    epoch: int = 0
 
     @classmethod
-    def mine(cls, run: str) -> Lease:
-        return cls(socket.gethostname(), os.getpid(), _PROCESS, time.time(), run, _BOOT)
+    def of(cls, driver: Driver, run: str, epoch: int = 0) -> Lease:
+        return cls(driver.host, driver.pid, driver.process, clock.now(), run, driver.boot, epoch)
+
+    @classmethod
+    def mine(cls, run: str, epoch: int = 0) -> Lease:
+        return cls.of(Driver.this(), run, epoch)
 
     @property
     def is_mine(self) -> bool:
         return self.process == _PROCESS
 
     def describe(self) -> str:
-        return f"driver pid {self.pid} on {self.host}, lease renewed {max(0.0, time.time() - self.renewed_at):.0f} s ago"
+        return f"driver pid {self.pid} on {self.host}, lease renewed {max(0.0, clock.now() - self.renewed_at):.0f} s ago"
 
     def void(self) -> bool:
         """Expired, or held by a process that is gone from this machine and pid namespace."""
-        if time.time() - self.renewed_at > EXPIRES_S:
+        if clock.now() - self.renewed_at > EXPIRES_S:
             return True
         here = self.host == socket.gethostname() and bool(self.boot) and self.boot == _BOOT
-        return here and not os.path.exists(f"/proc/{self.pid}")
+        return here and not _alive(self.pid)
 
 
 class QueryLease:
@@ -134,9 +168,23 @@ class QueryLease:
         found = self.recorded()
         return None if found is None or found.void() else found
 
-    def renew(self, run: str) -> None:
-        """Driver: take or renew the lease for this process's query run ``run``."""
-        write_atomically(self.fs, self.path, json.dumps(asdict(Lease.mine(run))).encode())
+    def renew(self, run: str, epoch: int = 0) -> None:
+        """Driver: take or renew the lease for this process's query run ``run`` (of ``epoch``)."""
+        self.write(Lease.mine(run, epoch))
+
+    def write(self, lease: Lease) -> None:
+        write_atomically(self.fs, self.path, json.dumps(asdict(lease)).encode())
+
+    def stamp(self, driver: Driver, run: str, epoch: int) -> None:
+        """The first stream writer of run ``run`` (of the driver process ``driver``), once the run
+        took ``epoch`` at its sinks: record the epoch in the lease, so that every keeper and
+        standby orders the runs by it. FencedError when the lease holds a higher epoch (a newer
+        run took over while this one started)."""
+        found = self.recorded()
+        if found is not None and found.epoch > epoch:
+            raise FencedError(f"the query checkpointed at {self.path.rsplit('/', 2)[0]} was taken over by a newer run "
+                              f"(epoch {found.epoch}, {found.describe()}) while run {run} (epoch {epoch}) started")
+        self.write(Lease.of(driver, run, epoch))
 
     def release(self) -> None:
         """Driver, when its query ended: give the lease up, if this process holds it."""
@@ -160,6 +208,7 @@ class LeaseKeeper:
         self.lease = QueryLease(checkpoint)
         self.checkpoint = checkpoint
         self.run = ""
+        self.epoch = 0  # the run's, once its first writer recorded it in the lease (QueryLease.stamp)
         self.query_id: str | None = None  # Spark's id of the query, once it started (start_query)
         self._taken: str | None = None
         self._idle_since: float | None = None
@@ -168,16 +217,16 @@ class LeaseKeeper:
         self._thread: threading.Thread | None = None
 
     def hold(self, run: str) -> None:
-        """Driver, at a start of the query (run ``run``): take or keep the lease; ConfigError when
-        another live driver holds it."""
+        """Driver, at a start of the query (run ``run``): take or keep the lease; LeaseHeldError
+        when another live driver holds it."""
         with self._lock:
             holder = self.lease.holder()
             if holder is not None and not holder.is_mine:
-                raise ConfigError(
+                raise LeaseHeldError(
                     f"the query checkpointed at {self.checkpoint} is running ({holder.describe()}); two drivers on one "
                     f"checkpoint would take turns fencing each other. Stop it first; a driver that died leaves a lease "
                     f"that lapses within {EXPIRES_S:.0f} s")
-            self.run, self._taken, self._idle_since = run, None, None
+            self.run, self.epoch, self._taken, self._idle_since = run, 0, None, None
             self.lease.renew(run)
             if self._thread is None or self._stop.is_set() or not self._thread.is_alive():
                 self._stop = threading.Event()
@@ -190,7 +239,7 @@ class LeaseKeeper:
         restart, at most :data:`IDLE_S`."""
         with self._lock:
             if self._idle_since is None:
-                self._idle_since = time.monotonic()
+                self._idle_since = clock.monotonic()
 
     @property
     def is_idle(self) -> bool:
@@ -198,7 +247,8 @@ class LeaseKeeper:
             return self._idle_since is not None
 
     def taken_by(self) -> str | None:
-        """Who took the lease from this process, once the renewal found it taken; else None."""
+        """Who holds the lease instead of this process's run (a newer run, or a standby that
+        took it over while this driver was paused), as the last renewal found it; else None."""
         return self._taken
 
     def release(self) -> None:
@@ -215,21 +265,36 @@ class LeaseKeeper:
                 with self._lock:
                     if stop.is_set():
                         return
-                    if self._idle_since is not None and time.monotonic() - self._idle_since > IDLE_S:
+                    if self._idle_since is not None and clock.monotonic() - self._idle_since > IDLE_S:
                         logger.warning("lease of %s: the query has not run for %.0f s; releasing it", self.checkpoint,
                                        IDLE_S)
                         stop.set()
                         self.lease.release()
                         return
-                    found = self.lease.recorded()
-                    if found is not None and not found.is_mine:
-                        self._taken = found.describe()
-                        logger.error("lease of %s: taken by another driver (%s); no longer renewed", self.checkpoint,
-                                     self._taken)
-                        return
-                    self.lease.renew(self.run)
+                    self.renew_once()
             except OSError as exc:  # storage unreachable: the next renewal tries again
                 logger.warning("lease of %s: could not renew: %s", self.checkpoint, exc)
+
+    def renew_once(self) -> None:
+        """One renewal (the keeper's thread, every :data:`RENEW_S`): the lease is this run's, so
+        renew it; or a lower epoch's (a driver paused between its read and its write put its
+        record back), so put this run's back; or a higher epoch's, or a standby's that took it
+        while this driver was paused, so stand aside (:meth:`taken_by`) and keep looking: this
+        run's first writer may still record its epoch above it (:meth:`QueryLease.stamp`)."""
+        found = self.lease.recorded()
+        if found is not None and found.run == self.run and found.is_mine:
+            self.epoch = max(self.epoch, found.epoch)
+            if self._taken is not None:
+                logger.info("lease of %s: this driver's run %s holds it again", self.checkpoint, self.run)
+            self._taken = None
+            self.lease.renew(self.run, self.epoch)
+        elif found is None or (self.epoch and found.epoch < self.epoch):
+            self.lease.renew(self.run, self.epoch)
+        else:
+            if self._taken is None:
+                logger.error("lease of %s: held by another driver (%s); this one stands aside", self.checkpoint,
+                             found.describe())
+            self._taken = found.describe()
 
 
 _keepers: dict[str, LeaseKeeper] = {}
@@ -260,13 +325,15 @@ def release_idle(where: Callable[[LeaseKeeper], bool] = lambda kept: True) -> No
             logger.warning("lease of %s: could not release it: %s", found.checkpoint, exc)
 
 
-def require_held(checkpoint: str, run: str, where: str) -> None:
-    """Stream writer, before it journals a batch of query run ``run``: raise CommitError when
-    another run holds the query's lease (this driver was paused past the expiry and another took
-    over). A void lease is no reason to stop: no other driver holds it (a Spark Connect client
-    that went away leaves its query's lease to lapse)."""
+def require_held(checkpoint: str, run: str, where: str, epoch: int = 0) -> None:
+    """Stream writer, before it journals a batch of query run ``run`` (of ``epoch``): raise
+    CommitError when another run holds the query's lease: a newer epoch's, or a standby's that
+    took it while this driver was paused past the expiry. A lower epoch's record (a paused
+    driver's, put back once) is no reason to stop, nor is a void lease: no other driver holds it
+    (a Spark Connect client that went away leaves its query's lease to lapse). An early, named
+    refusal; the sinks' targets refuse a superseded run's acts all the same."""
     holder = QueryLease(checkpoint).holder()
-    if holder is not None and holder.run and holder.run != run:
+    if holder is not None and holder.run and holder.run != run and not (epoch and holder.epoch and holder.epoch < epoch):
         raise CommitError(f"{where}: the query's lease is held by another driver ({holder.describe()}); this one lost "
                           "it and journals nothing, so the batch is left to that driver")
 
@@ -278,7 +345,7 @@ def wait_free(checkpoints: Sequence[str], poll_s: float = 0.05, announce: Callab
     lapses). ``announce`` hears who holds them while it waits; ``every`` = (seconds, call):
     ``call`` runs that often while it waits (:func:`oncekit.core.spark.standby.stand_by`'s warm-up)."""
     told: set[tuple[str, str]] = set()
-    last = time.monotonic()
+    last = clock.monotonic()
     while True:
         held = [(checkpoint, holder) for checkpoint in checkpoints
                 if (holder := QueryLease(checkpoint).holder()) is not None and not holder.is_mine]
@@ -288,7 +355,10 @@ def wait_free(checkpoints: Sequence[str], poll_s: float = 0.05, announce: Callab
             if (checkpoint, holder.process) not in told:
                 told.add((checkpoint, holder.process))
                 announce(f"standby: {checkpoint} is run by {holder.describe()}; waiting")
-        if every is not None and time.monotonic() - last >= every[0]:
-            every[1]()
-            last = time.monotonic()
-        time.sleep(poll_s)
+        if every is not None and clock.monotonic() - last >= every[0]:
+            try:
+                every[1]()
+            except Exception as exc:  # noqa: BLE001 - a failed warm-up is tried again; the standby waits on
+                logger.warning("standby: the periodic warm-up failed (tried again in %.0f s): %s", every[0], exc)
+            last = clock.monotonic()
+        clock.sleep(poll_s)

@@ -65,13 +65,19 @@ class TransactionId:
 @dataclass(frozen=True)
 class KafkaTransactionalId:
     """``oncekit-<sink>-<partition>`` for a task's producer, ``oncekit-<sink>-publisher`` for the
-    write-ahead log's."""
+    write-ahead log's, ``oncekit-<sink>-owner`` for the writer of the sink's owner and epoch
+    record (:meth:`owner`)."""
 
     sink_id: str
     partition_id: int | None = None
+    role: str = "publisher"
+
+    @classmethod
+    def owner(cls, sink_id: str) -> KafkaTransactionalId:
+        return cls(sink_id, None, "owner")
 
     def __str__(self) -> str:
-        return f"oncekit-{self.sink_id}-{'publisher' if self.partition_id is None else self.partition_id}"
+        return f"oncekit-{self.sink_id}-{self.role if self.partition_id is None else self.partition_id}"
 
 
 @dataclass(frozen=True)

@@ -1,22 +1,16 @@
 """The contract between the checkpoint engine and every sink: what a sink implements so that
 the engine can make it exactly-once, and what a sink's configuration provides.
 
-The protocol bases, after Flink:
+A sink subclasses one of the protocol bases of :mod:`oncekit.core.bases` (two-phase commit,
+write-ahead log, idempotent, task commit, at-least-once) and nothing else; it never sees Spark.
 
-- :class:`TwoPhaseCommitSink`: tasks ``begin_transaction``, ``write``, ``pre_commit`` (returning a
-  committable); once the checkpoint is complete the engine calls ``commit``; after a crash it
-  calls ``recover_and_commit`` or ``recover_and_abort``. *A commit must be idempotent.*
-- :class:`WriteAheadSink`: tasks stage their rows durably under the checkpoint; once the checkpoint
-  is complete the engine calls ``send_values`` for the whole batch, which writes the values and
-  records the checkpoint in the same transaction, so a repeated call sends nothing.
-- :class:`IdempotentSink`: tasks write with deterministic keys (upsert); a replay rewrites the
-  same rows, so there is nothing to commit later.
-- :class:`TaskCommitSink`: tasks commit their own transaction together with a batch marker; a
-  replay finds the marker and writes nothing (Kafka, whose transactions cannot outlive a producer).
-- :class:`AtLeastOnceSink`: tasks write and commit at once; a replay writes again. For comparison
-  and for targets that deduplicate on their own.
-
-A sink for another system subclasses one of these and nothing else; it never sees Spark.
+Fencing, the part every sink shares (``docs/concepts.md``, "Fencing"): each run of a query acts
+for an epoch that no other run holds. The epoch comes from one linearizable step at the sink's
+target (:meth:`Sink.take_epoch`: an ``UPDATE ... RETURNING`` on a PostgreSQL row, a transaction
+on a Kafka partition that only one producer can commit), and every act that decides what a
+batch is (a decision, a commit of a batch's rows, a marker, a reset) is checked against the
+target's epoch in the same atomic step, so a run that a newer one superseded changes nothing,
+however long it slept.
 """
 
 from __future__ import annotations
@@ -28,16 +22,13 @@ import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from oncekit.core.crash import crash_point
 from oncekit.core.errors import ConfigError
 from oncekit.core.names import StagedFile, TransactionId
 
 if TYPE_CHECKING:
     import pyarrow as pa
-
-    from oncekit.core.staging import StagedFiles
 
 logger = logging.getLogger(__name__)
 
@@ -131,28 +122,64 @@ class SinkOwner:
     checkpoint: str
 
 
-TxnT = TypeVar("TxnT")
-
-
 class Sink(ABC):
-    """The engine's view of every sink. Subclass one of the protocol bases below, not this."""
+    """The engine's view of every sink. Subclass one of the protocol bases
+    (:mod:`oncekit.core.bases`), not this."""
 
     protocol: ClassVar[str]
     guarantee: ClassVar[DeliveryGuarantee] = DeliveryGuarantee.EXACTLY_ONCE
+    blocking_pre_commits: ClassVar[bool] = False
+    """Whether what a task pre-commits holds something a replay of its batch needs (a prepared
+    transaction holds its marker's key and its rows' locks). Then recovery commits every decided
+    batch at once, complete or not, and aborts what no decision names, and a run's own aborts are
+    vetoed decisions (:meth:`veto`). Otherwise (staged files) a pre-commit is kept until its batch
+    is done, whoever's it is."""
     sink_id: str
     epoch: int = 0
-    """The epoch of the query run this sink object acts for (:meth:`act_for`); 0: unfenced."""
+    """The epoch of the query run this sink object acts for (:meth:`act_for`); 0 for none: a sink
+    whose acts are fenced refuses to act for no run."""
 
     def act_for(self, epoch: int) -> None:
         """Engine: this object acts for the query run of ``epoch`` from now on."""
         self.epoch = epoch
 
+    def targets(self) -> list[Sink]:
+        """The sinks whose protocols the engine drives: this one; each target of a fan-out."""
+        return [self]
+
     def take_epoch(self, floor: int) -> int:
-        """Driver, at a query run's start, before its recovery: a new epoch above ``floor`` (the
-        newest the journal knows) and above every epoch this sink gave before, recorded where the
-        sink commits so that the target refuses older runs from now on. The default records
-        nothing (a target whose own mechanism fences writers, such as Kafka's producer epochs)."""
-        return floor + 1
+        """Driver, at a query run's start, before its recovery: a new epoch, above ``floor`` (the
+        newest the journal knows) and above every epoch the target gave before, taken and
+        recorded in one linearizable step at the target, so that no two runs ever hold the same
+        one and the target refuses every older run's acts from then on. An exactly-once sink must
+        have such a register; an at-least-once sink, which fences nothing, takes ``floor + 1``."""
+        if self.guarantee is DeliveryGuarantee.AT_LEAST_ONCE:
+            return floor + 1
+        raise ConfigError(f"sink {self.sink_id}: {type(self).__name__} has no epoch register at its target")
+
+    def hold_epoch(self, epoch: int) -> None:
+        """Driver, at the start of a run whose epoch another target gave (a fan-out's): raise the
+        target's register to ``epoch``, so that it refuses older runs from now on; FencedError if
+        it holds a newer one already. The default (no register) does nothing."""
+
+    def decide(self, batch_id: int, committables: Sequence[Committable]) -> None:
+        """Driver, in the stream writer's commit of ``batch_id``, right after the journal entry:
+        make this run's decision of the batch final at the target, fenced (FencedError when a newer
+        run holds the target: the entry then counts for nothing). Only a sink with
+        :attr:`blocking_pre_commits` needs it; the default records nothing, and every journal
+        entry counts."""
+
+    def decided(self, batch_ids: Iterable[int]) -> dict[int, set[int]] | None:
+        """Driver: for each of ``batch_ids``, the epochs whose decision of it the target holds
+        (:meth:`decide`); None (the default) when every journal entry counts."""
+        return None
+
+    def veto(self, batch_id: int) -> bool:
+        """Driver, before this run aborts what it pre-committed for ``batch_id`` (Spark gave the
+        batch up, the query stopped): close the batch to decisions of this run's epoch, at the
+        target. True when it is closed (nothing of this run's is ever decided for it); False when
+        this run decided it already. The default, without decisions: True."""
+        return True
 
     @property
     def commits_in_task(self) -> bool:
@@ -237,172 +264,6 @@ class Sink(ABC):
 
     def close(self) -> None:
         """Release connections; called when the engine is done with the sink."""
-
-
-class TwoPhaseCommitSink(Sink, Generic[TxnT]):
-    """Flink's TwoPhaseCommitSinkFunction, snake_case: transactions that survive the task."""
-
-    protocol = "two-phase-commit"
-
-    @abstractmethod
-    def begin_transaction(self, task: TaskInfo) -> TxnT:
-        """Task: open a transaction named ``task.transaction_id``; first abort what earlier
-        attempts of this run, or older runs, left open for the same (sink, batch, partition),
-        never what a newer run left."""
-
-    @abstractmethod
-    def write(self, transaction: TxnT, batch: pa.RecordBatch) -> None:
-        """Task: write one Arrow batch inside the transaction."""
-
-    @abstractmethod
-    def pre_commit(self, transaction: TxnT) -> Committable:
-        """Task: make the transaction durable but invisible (PREPARE), return its committable."""
-
-    @abstractmethod
-    def abort_open(self, transaction: TxnT) -> None:
-        """Task: roll back a transaction that failed before ``pre_commit``."""
-
-    @abstractmethod
-    def commit(self, committable: Committable) -> CommitOutcome:
-        """Driver: commit a pre-committed transaction. Must be idempotent: a transaction
-        committed before answers ALREADY_COMMITTED; one that cannot be committed raises CommitError."""
-
-    @abstractmethod
-    def abort(self, committable: Committable) -> CommitOutcome:
-        """Driver: abort a pre-committed transaction; ALREADY_ABORTED when it is gone."""
-
-    def recover_and_commit(self, committable: Committable) -> CommitOutcome:
-        """Recovery: commit what belongs to a completed checkpoint, whether or not it was committed."""
-        return self.commit(committable)
-
-    def recover_and_abort(self, committable: Committable) -> CommitOutcome:
-        """Recovery: abort what belongs to a checkpoint that never completed."""
-        return self.abort(committable)
-
-    def committed_before(self, task: TaskInfo) -> bool:
-        """Task: whether the target holds a committed transaction of (sink, batch, partition)
-        already (another run committed the batch while this one replayed it). The default
-        cannot tell."""
-        return False
-
-    def write_partition(self, task: TaskInfo, batches: Iterator[pa.RecordBatch]) -> list[Committable]:
-        if self.committed_before(task):
-            logger.warning("sink %s batch %s partition %s: committed by another run already; this attempt writes "
-                           "nothing", self.sink_id, task.batch_id, task.partition_id)
-            for _ in batches:
-                pass
-            return []
-        transaction = self.begin_transaction(task)
-        try:
-            for batch in batches:
-                self.write(transaction, batch)
-        except BaseException:
-            self.abort_open(transaction)
-            raise
-        return [self.pre_commit(transaction)]
-
-    def commit_batch(self, batch_id: int, committables: Sequence[Committable]) -> None:
-        for index, committable in enumerate(committables):
-            if index:
-                crash_point("mid_commit", batch_id)
-            outcome = self.recover_and_commit(committable)
-            logger.info("sink %s batch %s partition %s txn %s: %s", self.sink_id, batch_id,
-                        committable.partition_id, committable.transaction_id, outcome.value)
-
-    def abort_batch(self, batch_id: int, committables: Sequence[Committable]) -> None:
-        for committable in committables:
-            outcome = self.recover_and_abort(committable)
-            logger.info("sink %s batch %s partition %s txn %s: %s", self.sink_id, batch_id,
-                        committable.partition_id, committable.transaction_id, outcome.value)
-
-
-class WriteAheadSink(Sink):
-    """Flink's GenericWriteAheadSink: stage, then send the staged values on completion and record
-    the checkpoint in a checkpoint committer in the same transaction. Staging, discarding and
-    finding leftovers are done here, on :class:`~oncekit.core.staging.StagedFiles`; a subclass
-    writes ``send_values`` only, reading the batch through :meth:`staged_batches`."""
-
-    protocol = "write-ahead-log"
-    staged: StagedFiles
-
-    @abstractmethod
-    def send_values(self, batch_id: int, committables: Sequence[Committable]) -> CommitOutcome:
-        """Driver: write every staged row of the batch to the target and record (sink, batch) in
-        the checkpoint committer, atomically. ALREADY_COMMITTED when the batch is recorded."""
-
-    def staged_batches(self, batch_id: int, committables: Sequence[Committable]) -> Iterator[tuple[Committable, Iterator[pa.RecordBatch]]]:
-        """For ``send_values``: each staged file with its Arrow batches, with the ``mid_commit``
-        crash point between two files."""
-        for index, committable in enumerate(committables):
-            if index:
-                crash_point("mid_commit", batch_id)
-            yield committable, self.staged.read(committable)
-
-    def write_partition(self, task: TaskInfo, batches: Iterator[pa.RecordBatch]) -> list[Committable]:
-        staged = self.staged.stage(task, batches)
-        return [] if staged is None else [staged]
-
-    def commit_batch(self, batch_id: int, committables: Sequence[Committable]) -> None:
-        outcome = self.send_values(batch_id, committables) if committables else CommitOutcome.ALREADY_COMMITTED
-        self.staged.discard(committables)
-        logger.info("sink %s batch %s: %s rows in %s staged files %s", self.sink_id, batch_id,
-                    sum(c.rows for c in committables), len(committables), outcome.value)
-
-    def abort_batch(self, batch_id: int, committables: Sequence[Committable]) -> None:
-        self.staged.discard(committables)
-        logger.info("sink %s batch %s: discarded %s staged files", self.sink_id, batch_id, len(committables))
-
-    def leftovers(self, batch_ids: Iterable[int] | None = None) -> list[Committable]:
-        return self.staged.leftovers(batch_ids)
-
-
-class IdempotentSink(Sink):
-    """Writes with deterministic keys inside the task and commits; a replay rewrites the same rows."""
-
-    protocol = "idempotent"
-
-    @abstractmethod
-    def upsert(self, task: TaskInfo, batches: Iterator[pa.RecordBatch]) -> int:
-        """Task: write and commit the partition; return the number of rows written."""
-
-    def write_partition(self, task: TaskInfo, batches: Iterator[pa.RecordBatch]) -> list[Committable]:
-        self.upsert(task, batches)
-        return []
-
-
-class TaskCommitSink(Sink):
-    """Each task commits its own transaction together with a marker of its (sink, batch,
-    partition); a replayed batch finds the marker and writes nothing."""
-
-    protocol = "transactional"
-
-    @property
-    def commits_in_task(self) -> bool:
-        return True
-
-    @abstractmethod
-    def commit_task(self, task: TaskInfo, batches: Iterator[pa.RecordBatch]) -> int:
-        """Task: write the partition and its batch marker in one transaction and commit it, or
-        write nothing when the marker shows the batch committed; return the rows written."""
-
-    def write_partition(self, task: TaskInfo, batches: Iterator[pa.RecordBatch]) -> list[Committable]:
-        self.commit_task(task, batches)
-        return []
-
-
-class AtLeastOnceSink(Sink):
-    """Tasks write and commit at once; a batch re-run after a crash writes its rows again."""
-
-    protocol = "at-least-once"
-    guarantee = DeliveryGuarantee.AT_LEAST_ONCE
-
-    @abstractmethod
-    def append(self, task: TaskInfo, batches: Iterator[pa.RecordBatch]) -> int:
-        """Task: write and commit (or flush) the partition; return the number of rows written."""
-
-    def write_partition(self, task: TaskInfo, batches: Iterator[pa.RecordBatch]) -> list[Committable]:
-        self.append(task, batches)
-        return []
 
 
 class SinkConfig(ABC):

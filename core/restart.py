@@ -21,6 +21,7 @@ from oncekit.core.errors import (
     AccessError,
     ConfigError,
     FencedError,
+    LeaseHeldError,
     LeaseLostError,
     NonDeterministicReplayError,
     OncekitError,
@@ -127,7 +128,8 @@ def strategy_from_config(config: Mapping[str, Any]) -> RestartStrategy:
 # certificate, a pipeline that replays differently), or cannot start at all (a stuck query that
 # Spark still holds), so they stop at once. ConfigError is not among them: a broker still
 # starting can answer metadata without a topic that exists.
-UNRESTARTABLE: tuple[type[OncekitError], ...] = (AccessError, FencedError, LeaseLostError, NonDeterministicReplayError,
+UNRESTARTABLE: tuple[type[OncekitError], ...] = (AccessError, FencedError, LeaseHeldError, LeaseLostError,
+                                                 NonDeterministicReplayError,
                                                  QueryStuckError, ReplayError)
 
 
@@ -138,6 +140,19 @@ def restartable(error: BaseException) -> bool:
         return False
     text = str(error)
     return isinstance(error, Exception) and not any(f"{kind.__module__}.{kind.__name__}" in text for kind in UNRESTARTABLE)
+
+
+SUPERSEDED: tuple[type[OncekitError], ...] = (FencedError, LeaseHeldError, LeaseLostError)
+"""Failures that say another driver runs the query now: a standby that meets one waits again."""
+
+
+def superseded(error: BaseException) -> bool:
+    """Whether ``error`` says another driver runs the query now (raised here, or in a Python
+    worker and seen as the text of Spark's StreamingQueryException)."""
+    if isinstance(error, SUPERSEDED):
+        return True
+    text = str(error)
+    return any(f"{kind.__module__}.{kind.__name__}" in text for kind in SUPERSEDED)
 
 
 def supervise(run: Callable[[], None], strategy: RestartStrategy,

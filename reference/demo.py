@@ -39,7 +39,7 @@ from oncekit.connectors.kafka import KafkaConfig
 from oncekit.connectors.services import start_services
 from oncekit.core import crash as crash_points
 from oncekit.core.deadline import begin
-from oncekit.core.spark.query import progress_started
+from oncekit.core.spark.watchdog import progress_started
 from oncekit.core.spark.session import spark_session
 from oncekit.reference.commands import status_page
 from oncekit.reference.config import RunConfig, load

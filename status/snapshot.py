@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from oncekit.core.errors import ConfigError
-from oncekit.core.protocol import AtLeastOnceSink, IdempotentSink, TaskCommitSink, TwoPhaseCommitSink, WriteAheadSink
+from oncekit.core.bases import AtLeastOnceSink, IdempotentSink, TaskCommitSink, TwoPhaseCommitSink, WriteAheadSink
 from oncekit.core.stalls import Stall
 
 

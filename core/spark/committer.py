@@ -90,7 +90,8 @@ class Committer:
         self.sink_id = engine.sink.sink_id
 
     def serve(self, first: int | None) -> None:
-        """Commit at every wake-up, sweep between them; return when idle, superseded or orphaned."""
+        """Commit at every wake-up, sweep between them, acting for the run's epoch; return when
+        idle, superseded (the journal's newest run is another, of a higher epoch) or orphaned."""
         batch_id, last_wake = first, time.monotonic()
         while self.engine.journal.run() == self.run:
             if self.jvm is not None and not _alive(self.jvm):
@@ -202,7 +203,10 @@ def main(stdin: IO[bytes]) -> None:
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as inbox:
             inbox.bind(path)
             inbox.settimeout(SWEEP_S)
-            committer = Committer(CheckpointEngine.of(config, checkpoint), run, inbox, jvm)
+            engine = CheckpointEngine.for_run(config, checkpoint, run)
+            if engine is None:
+                return  # the run took no epoch: it decided nothing to commit
+            committer = Committer(engine, run, inbox, jvm)
             try:
                 committer.serve(first)
             finally:

@@ -6,14 +6,15 @@ commit or abort; ``write`` runs in tasks on the executors. None of these process
 SparkSession, so the writer carries only the sink's configuration and the checkpoint location,
 and every step reaches the journal through storage.
 
-A query started by :func:`~oncekit.core.spark.query.start_query` carries a :class:`QueryRun` in
-its options: then only the first writer of the run preflights, takes the run's epoch (the
-fencing token every task and driver-side act of the run carries) and recovers; a writer of a run
-that a newer one superseded raises FencedError; later writers leave
-checkpoint-complete notifications to the listener or to the run's server-side committer
-(:mod:`~oncekit.core.spark.committer`, for a query started from a Spark Connect client), or
-deliver them when there is neither. A query started with a plain ``format(...)...start()``
-carries no run, and its first writer refuses it (:func:`refuse_plain_start`).
+A query started by :func:`~oncekit.core.spark.query.start_query` carries a
+:class:`~oncekit.core.run.QueryRun` in its options; what each writer of the run does on the
+driver (the first one preflights, takes the run's epoch and recovers; later ones act for that
+epoch) is :mod:`oncekit.core.run`'s, shared with the simulation of overlapping drivers. Later
+writers leave checkpoint-complete notifications to the listener or to the run's server-side
+committer (:mod:`~oncekit.core.spark.committer`, for a query started from a Spark Connect
+client), or deliver them when there is neither. A query started with a plain
+``format(...)...start()`` carries no run, and its first writer refuses it
+(:func:`~oncekit.core.run.refuse_plain_start`).
 """
 
 from __future__ import annotations
@@ -23,9 +24,7 @@ import logging
 import os
 import struct
 import sys
-import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -34,16 +33,14 @@ from pyspark import TaskContext
 from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, DataSourceStreamWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
-import oncekit
-
 from oncekit.core.crash import crash_point
-from oncekit.core.engine import CheckpointEngine, RecoveryReport
 from oncekit.core.deadline import exit_if_stuck
-from oncekit.core.spark import committer
-from oncekit.core.errors import ConfigError, FencedError, TaskInputCutError
+from oncekit.core.engine import CheckpointEngine
+from oncekit.core.errors import ConfigError, TaskInputCutError
 from oncekit.core.fanout import FanOutConfig
-from oncekit.core.lease import require_held
 from oncekit.core.protocol import Committable, SinkConfig, TaskInfo
+from oncekit.core.run import QueryRun, commit_batch, open_run
+from oncekit.core.spark import committer
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -67,70 +64,6 @@ class EngineCommitMessage(WriterCommitMessage):
         self.committables = committables
 
 
-@dataclass(frozen=True)
-class QueryRun:
-    """One start of a query, as :func:`~oncekit.core.spark.query.start_query` tells the writer
-    through its options: ``token`` is new at every start; ``listener`` says that a
-    :class:`~oncekit.core.spark.query.CheckpointListener` in the driver process delivers its
-    checkpoint-complete notifications, ``committer`` that the run's server-side committer does
-    (:mod:`~oncekit.core.spark.committer`: the query was started from a Spark Connect client);
-    ``version`` is the kit's version where the query was started, which the writer on the
-    driver must share (:func:`refuse_other_version`)."""
-
-    token: str | None = None
-    listener: bool = False
-    committer: bool = False
-    version: str = ""
-
-    TOKEN_OPTION: ClassVar[str] = "oncekit.run"
-    LISTENER_OPTION: ClassVar[str] = "oncekit.listener"
-    COMMITTER_OPTION: ClassVar[str] = "oncekit.committer"
-    VERSION_OPTION: ClassVar[str] = "oncekit.version"
-
-    @classmethod
-    def started(cls, listener: bool, committer: bool = False) -> QueryRun:
-        return cls(uuid.uuid4().hex, listener, committer, oncekit.__version__)
-
-    @property
-    def notified(self) -> bool:
-        """Whether a listener or a committer delivers the run's checkpoint-complete notifications."""
-        return self.listener or self.committer
-
-    def to_options(self) -> dict[str, str]:
-        return {self.TOKEN_OPTION: self.token or "", self.LISTENER_OPTION: str(self.listener).lower(),
-                self.COMMITTER_OPTION: str(self.committer).lower(), self.VERSION_OPTION: self.version}
-
-    @classmethod
-    def from_options(cls, options: dict[str, str]) -> QueryRun:
-        lowered = {k.lower(): v for k, v in options.items()}
-        return cls(lowered.get(cls.TOKEN_OPTION) or None, lowered.get(cls.LISTENER_OPTION) == "true",
-                   lowered.get(cls.COMMITTER_OPTION) == "true", lowered.get(cls.VERSION_OPTION, ""))
-
-
-def refuse_plain_start(config: SinkConfig, run: QueryRun) -> str:
-    """Stream writer on the driver: the run's token; ConfigError for a query started with Spark's
-    own ``writeStream.format(...)...start()``, which carries no run. Such a query would run the
-    sink without the lease, the fencing epoch, the batch deadline and the checkpoint-complete
-    notifications, and nothing would stop two drivers, or a stalled one, from writing twice."""
-    if run.token is None:
-        raise ConfigError(
-            f"sink {config.sink_id}: this query was started with writeStream.format({config.format_name!r})...start(), "
-            "which runs the sink without the lease, the fencing epoch, the batch deadline and the checkpoint-complete "
-            "notifications that make it exactly-once. Start it with oncekit.start_query(frame, sink, checkpoint, "
-            "trigger=...), and wait on what it returns (awaitTermination() or await_termination())")
-    return run.token
-
-
-def refuse_other_version(sink_id: str, started_with: str) -> None:
-    """Stream writer on the driver: a query started by another version of the kit (a Spark
-    Connect client's, against the server's) may disagree on the journal, the markers and the
-    transaction names, so it is refused."""
-    if started_with and started_with != oncekit.__version__:
-        raise ConfigError(f"sink {sink_id}: the query was started with oncekit {started_with}, but the Spark driver "
-                          f"(a Spark Connect server's Python, PYSPARK_PYTHON) has oncekit {oncekit.__version__}; "
-                          f"install oncekit=={started_with} there, or the same version in both")
-
-
 def checkpoint_of(options: dict[str, str], sink: str) -> str:
     checkpoint = options.get("checkpointlocation")
     if not checkpoint:
@@ -139,41 +72,23 @@ def checkpoint_of(options: dict[str, str], sink: str) -> str:
 
 
 class EngineStreamWriter(DataSourceStreamArrowWriter):
-    """Spark's stream writer for every oncekit sink; the protocol logic lives in the engine."""
+    """Spark's stream writer for every oncekit sink; the run's steps are :mod:`oncekit.core.run`'s
+    and the protocol logic the engine's."""
 
     def __init__(self, config: SinkConfig, checkpoint: str, run: QueryRun) -> None:
         self.config, self.checkpoint, self.run = config, checkpoint, run
-        self.epoch = 0
-        self.token = token = refuse_plain_start(config, run)
-        engine = self._engine()
-        # Recovery mends what an earlier run left; within a run, checkpoint and abort keep the
-        # journal and the sink in step. Recovering at every writer (two a batch) would cost a
-        # scan a batch and race the listener's commit of the newest batch.
-        runs = engine.journal.runs()
-        epoch = runs.get(token)
-        if epoch is None:  # the run's first writer
-            refuse_other_version(config.sink_id, run.version)
+        self.token = run.token or ""
+
+        def first_checks(engine: CheckpointEngine) -> None:
             refuse_unchecked_input(config.sink_id, engine.sink.commits_in_task, pyspark.__version__)
-            engine.preflight()
-            _report(engine, engine.start_run(token))
-            self.epoch = engine.epoch
-            if run.committer:
-                committer.start(config, checkpoint, token)
-            return
-        self.epoch = engine.epoch = epoch
-        engine.sink.act_for(epoch)
-        latest = max(runs.values())
-        if latest > epoch:
-            raise FencedError(f"sink {config.sink_id}: query run {token} (epoch {epoch}) was superseded by epoch "
-                              f"{latest}: another driver took the query over, and this one stops")
-        if not run.notified:
-            # No listener: the writer Spark creates before each batch is the checkpoint-complete
-            # notification of the batch before, and it must reach the sink before the next
-            # batch's tasks write (a prepared transaction holds the locks of its rows).
-            engine.complete()
+
+        engine, first = open_run(config, checkpoint, run, first_checks)
+        self.epoch = engine.epoch
+        if first and run.committer:
+            committer.start(config, checkpoint, self.token)
 
     def _engine(self) -> CheckpointEngine:
-        return CheckpointEngine.of(self.config, self.checkpoint, getattr(self, "epoch", 0))
+        return CheckpointEngine.of(self.config, self.checkpoint, self.epoch)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
         """Task: write this partition of the batch through the sink (first leaving, in a worker that
@@ -192,30 +107,22 @@ class EngineStreamWriter(DataSourceStreamArrowWriter):
         return EngineCommitMessage(engine.write_task(task, whole_input(iterator, task, engine.sink.commits_in_task)))
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        """Driver: every task succeeded; journal the batch before Spark logs it as committed,
-        unless another driver has taken the query's lease over (:func:`~oncekit.core.lease.require_held`)."""
-        require_held(self.checkpoint, self.token, f"sink {self.config.sink_id} batch {batchId}")
-        self._engine().checkpoint(batchId, _committables(messages), notified=self.run.notified)
+        """Driver: every task succeeded; journal and decide the batch before Spark logs it as
+        committed (:func:`~oncekit.core.run.commit_batch`)."""
+        commit_batch(self._engine(), self.run, batchId, _committables(messages))
         if self.run.committer:
             committer.wake(self.config, self.checkpoint, self.token, batchId)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        """Driver: the batch failed; abort what its tasks pre-committed. Spark fails a batch as
-        soon as one task fails and kills the others without waiting: a killed task that already
-        had its whole input may still pre-commit after this sweep, until Spark destroys its
-        Python worker. The driver sweeps the failed run again once those are gone
+        """Driver: the batch failed; settle what this run's tasks pre-committed
+        (:meth:`~oncekit.core.engine.CheckpointEngine.abort`). Spark fails a batch as soon as one
+        task fails and kills the others without waiting: a killed task that already had its whole
+        input may still pre-commit after this sweep, until Spark destroys its Python worker. The
+        driver sweeps the failed run again once those are gone
         (:func:`~oncekit.core.spark.query.abort_stragglers`), so this returns at once and the
         failure (and a restart) is not held back."""
         crash_point("driver_abort", batchId)
         self._engine().abort(batchId, _committables(messages))
-
-
-def _report(engine: CheckpointEngine, report: RecoveryReport) -> None:
-    if report.committed_batches:  # the usual catch-up of the previous batch
-        logger.info("sink %s: committed completed batches %s", engine.sink.sink_id, report.committed_batches)
-    if report.aborted_batches or report.aborted_leftovers:
-        logger.warning("sink %s recovery: aborted batches %s and leftovers %s", engine.sink.sink_id,
-                       report.aborted_batches, report.aborted_leftovers)
 
 
 def whole_input(batches: Iterator[pa.RecordBatch], task: TaskInfo, required: bool = True) -> Iterator[pa.RecordBatch]:

@@ -186,10 +186,13 @@ class KafkaSinkBase:
     """Producers, topics, markers and preflight shared by the three protocols. Built by
     ``KafkaSinkConfig.build`` in the driver's worker, a task, or the listener."""
 
+    epoch: int = 0  # the query run's this object acts for (Sink.act_for)
+
     def __init__(self, config: KafkaSinkConfig) -> None:
         self.config, self.sink_id = config, config.sink_id
         self._client_key = tuple(sorted((str(k), str(v)) for k, v in config.kafka.settings().items()))
-        self.markers = MarkerLog(config.kafka, config.sink_id, self._client_key)
+        self.markers = MarkerLog(config.kafka, config.sink_id, self._client_key,
+                                 lambda transactional_id: self.take_producer(transactional_id, fresh=True))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.config!r})"
@@ -217,14 +220,30 @@ class KafkaSinkBase:
         keeps no markers to share)."""
         return None if self.config.protocol == "at-least-once" else self.markers.owner()
 
+    def take_epoch(self, floor: int) -> int:
+        """Driver, at a run's start: the sink's epoch register is its owner record, raised by
+        compare-and-set (:meth:`MarkerLog.take_epoch`); at-least-once keeps none."""
+        if self.config.protocol == "at-least-once":
+            return floor + 1
+        return self.markers.take_epoch(floor)
+
+    def hold_epoch(self, epoch: int) -> None:
+        if self.config.protocol != "at-least-once":
+            self.markers.hold_epoch(epoch)
+
     def record_owner(self, owner: SinkOwner) -> None:
         if self.config.protocol != "at-least-once":
-            self.markers.record_owner(owner)
+            self.markers.record_owner(owner, self.epoch)
 
     def reset(self) -> None:
-        """Every writer's latest batch marker becomes "none" (:meth:`MarkerLog.reset`)."""
+        """Every writer's latest batch marker becomes an empty one of this run's epoch, written
+        under the writer's own transactional id (:meth:`MarkerLog.reset`)."""
         if self.config.protocol != "at-least-once":
-            self.markers.reset()
+            self.markers.reset(self.transactional_id_of, self.epoch)
+
+    def transactional_id_of(self, writer: int) -> KafkaTransactionalId:
+        """The transactional id that writes ``writer``'s markers: a task's partition's."""
+        return KafkaTransactionalId(self.sink_id, writer)
 
     # -- clients -------------------------------------------------------------------------------
 

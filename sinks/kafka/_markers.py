@@ -1,10 +1,18 @@
 """The Kafka sinks' batch markers and owner record, in a compacted topic of the kit's
 (:class:`~oncekit.core.names.MarkerTopic`).
 
-A batch marker says "writer W published batch B: R records, checksum C". It is a record of the
-marker topic written inside the transaction that publishes the batch, so it becomes visible
-exactly when the batch does. A replayed batch reads its writer's latest marker first and writes
-nothing if the batch is there.
+A batch marker says "writer W published batch B: R records, checksum C, in the query run of epoch
+E". It is a record of the marker topic written inside the transaction that publishes the batch, so
+it becomes visible exactly when the batch does. A replayed batch reads its writer's latest marker
+first and writes nothing if the batch is there; a writer whose latest marker is a newer run's
+writes nothing at all (FencedError).
+
+The owner record (partition 0) holds the query that writes through the sink and the epoch of its
+newest run: the sink's epoch register. It is written only by compare-and-set
+(:meth:`MarkerLog.compare_and_set`): a producer of the sink's owner transactional id initialises
+(fencing every earlier one and aborting what it left open), reads the record, and commits the new
+one in a transaction, which fails if another producer of the id initialised meanwhile. So no two
+runs take the same epoch, and an epoch is raised only above the one read.
 
 Why a topic and not consumer-group offsets (``send_offsets_to_transaction``), which the sinks
 used before:
@@ -36,6 +44,7 @@ import itertools
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,8 +55,9 @@ from oncekit.connectors.kafka import (CLIENTS, RETRIABLE, KafkaConfig, attempt_t
                                       produce_when_room)
 from oncekit.connectors.wait import wait_until
 from oncekit.core.deadline import bounded
-from oncekit.core.errors import ConfigError, NonDeterministicReplayError, ReplayError, ServiceError, UnsettledMarkerError
-from oncekit.core.names import MarkerTopic
+from oncekit.core.errors import (ConfigError, FencedError, NonDeterministicReplayError, ReplayError, ServiceError,
+                                 UnsettledMarkerError)
+from oncekit.core.names import KafkaTransactionalId, MarkerTopic
 from oncekit.core.protocol import SinkOwner
 
 logger = logging.getLogger(__name__)
@@ -64,8 +74,10 @@ small segments, so the compaction that bounds its size runs soon."""
 
 _MARKER_KEY, _OWNER_KEY = b"batch", b"owner"
 _NO_MARKER = b"{}"
-"""A writer's marker after :meth:`MarkerLog.reset`: it has published no batch of the sink's
-current query."""
+"""A writer's marker after a reset by a kit that recorded no epoch in it."""
+CAS_ATTEMPTS = 8
+"""How often a compare-and-set of the owner record starts over after another producer of the
+owner id initialised meanwhile."""
 _CLIENT_LOG = client_log(__name__ + ".librdkafka")
 
 _partitions_seen: dict[str, int] = {}  # marker topic: partitions this process knows exist
@@ -77,31 +89,53 @@ HISTORY = 100
 
 @dataclass(frozen=True)
 class BatchMarker:
-    """What a writer published last: ``batch_id`` with ``rows`` records of ``checksum``; and
-    ``earlier``, the (batch, rows, checksum) of the :data:`HISTORY` batches it published before,
-    newest first, so that a replay of an older batch (an old savepoint restored, a checkpoint
-    copied back) is compared with what was published, never skipped unseen (:meth:`replayed`)."""
+    """What a writer published last: ``batch_id`` with ``rows`` records of ``checksum``, in the
+    query run of ``epoch``; and ``earlier``, the (batch, rows, checksum) of the :data:`HISTORY`
+    batches it published before, newest first, so that a replay of an older batch (an old
+    savepoint restored, a checkpoint copied back) is compared with what was published, never
+    skipped unseen (:meth:`replayed`). A marker of no batch (``batch_id`` -1, :meth:`empty`) is
+    what a sink id taken over by another query starts from: it carries only the epoch."""
 
     batch_id: int
     rows: int
     checksum: str
     earlier: tuple[tuple[int, int, str], ...] = ()
+    epoch: int = 0
+
+    @classmethod
+    def empty(cls, epoch: int) -> BatchMarker:
+        return cls(-1, 0, "", (), epoch)
+
+    @property
+    def is_empty(self) -> bool:
+        return self.batch_id < 0
 
     def to_bytes(self) -> bytes:
         return json.dumps({"batch": self.batch_id, "rows": self.rows, "checksum": self.checksum,
-                           "earlier": [list(entry) for entry in self.earlier]}).encode()
+                           "earlier": [list(entry) for entry in self.earlier], "epoch": self.epoch}).encode()
 
     @classmethod
     def from_bytes(cls, value: bytes) -> BatchMarker:
         data = json.loads(value)
+        if "batch" not in data:
+            return cls.empty(int(data.get("epoch", 0)))
         earlier = tuple((int(b), int(r), str(c)) for b, r, c in data.get("earlier", ()))  # none before the field
-        return cls(int(data["batch"]), int(data["rows"]), str(data["checksum"]), earlier)
+        return cls(int(data["batch"]), int(data["rows"]), str(data["checksum"]), earlier, int(data.get("epoch", 0)))
 
-    def then(self, batch_id: int, rows: int, checksum: str) -> BatchMarker:
-        """The marker of ``batch_id``, published after this one, which it remembers."""
-        return BatchMarker(batch_id, rows, checksum, ((self.batch_id, self.rows, self.checksum), *self.earlier)[:HISTORY])
+    def then(self, batch_id: int, rows: int, checksum: str, epoch: int = 0) -> BatchMarker:
+        """The marker of ``batch_id``, published after this one (by the run of ``epoch``), which
+        it remembers (an empty marker has nothing to remember)."""
+        earlier = () if self.is_empty else ((self.batch_id, self.rows, self.checksum), *self.earlier)[:HISTORY]
+        return BatchMarker(batch_id, rows, checksum, earlier, epoch)
 
-    def replayed(self, batch_id: int, rows: int, checksum: str, where: str) -> BatchMarker | None:
+    def refuse_newer(self, epoch: int, where: str) -> None:
+        """FencedError when this marker is a newer run's than ``epoch``: the writer's run was
+        superseded, and it writes nothing."""
+        if self.epoch > epoch:
+            raise FencedError(f"{where}: this run (epoch {epoch}) was superseded by epoch {self.epoch}, whose marker is "
+                              "the writer's latest; nothing of this is written")
+
+    def replayed(self, batch_id: int, rows: int, checksum: str, where: str, epoch: int = 0) -> BatchMarker | None:
         """A writer whose latest marker is this one meets ``batch_id`` again, with ``rows`` records
         of ``checksum``: None when it published that batch with the same records (write nothing);
         the marker to publish it with when it never published it (a batch it had no part in,
@@ -109,7 +143,7 @@ class BatchMarker:
         the records differ, and ReplayError when the batch is older than what the history
         remembers, as neither can be told apart from writing a batch twice or losing it."""
         if batch_id > self.batch_id:
-            return self.then(batch_id, rows, checksum)
+            return self.then(batch_id, rows, checksum, epoch)
         published = {b: (r, c) for b, r, c in ((self.batch_id, self.rows, self.checksum), *self.earlier)}
         if batch_id in published:
             if published[batch_id] != (rows, checksum):
@@ -127,15 +161,18 @@ class BatchMarker:
                 f"with what was written. Restore a savepoint taken after batch {min(published) - 1}, or write the "
                 "replay to a new sink id")
         kept = tuple(sorted([*self.earlier, (batch_id, rows, checksum)], reverse=True))[:HISTORY]
-        return BatchMarker(self.batch_id, self.rows, self.checksum, kept)
+        return BatchMarker(self.batch_id, self.rows, self.checksum, kept, max(self.epoch, epoch))
 
 
 class MarkerLog:
-    """One sink's marker topic. Built by the Kafka sinks in whichever process needs it."""
+    """One sink's marker topic. Built by the Kafka sinks in whichever process needs it, with
+    ``transactional``: a new, initialised transactional producer of an id (the sink's)."""
 
-    def __init__(self, kafka: KafkaConfig, sink_id: str, client_key: tuple[Any, ...]) -> None:
+    def __init__(self, kafka: KafkaConfig, sink_id: str, client_key: tuple[Any, ...],
+                 transactional: Callable[[KafkaTransactionalId], Producer]) -> None:
         self.kafka, self.sink_id, self.topic = kafka, sink_id, str(MarkerTopic(sink_id))
         self._client_key = client_key
+        self._transactional = transactional
 
     # -- driver: preflight and owner ------------------------------------------------------------
 
@@ -206,25 +243,100 @@ class MarkerLog:
 
     def owner(self) -> SinkOwner | None:
         """Driver: the query recorded as writing through the sink, if any."""
+        recorded = self._owner_record()
+        if not recorded or not recorded.get("query_id"):
+            return None
+        return SinkOwner(str(recorded["query_id"]), str(recorded["checkpoint"]))
+
+    def _owner_record(self) -> dict[str, Any] | None:
         where = f"kafka sink {self.sink_id}: owner read"
         value = bounded(f"{where} from {self.topic}", READ_S + 5, self._last, MarkerTopic.OWNER_PARTITION, where, READ_S)
-        if value is None:
-            return None
-        recorded = json.loads(value)
-        return SinkOwner(recorded["query_id"], recorded["checkpoint"])
+        return None if value is None else dict(json.loads(value))
 
-    def record_owner(self, owner: SinkOwner) -> None:
-        value = json.dumps({"query_id": owner.query_id, "checkpoint": owner.checkpoint}).encode()
-        self._write([(MarkerTopic.OWNER_PARTITION, _OWNER_KEY, value)])
+    def compare_and_set(self, update: Callable[[dict[str, Any]], dict[str, Any] | None]) -> dict[str, Any]:
+        """Driver: the owner record as ``update`` makes it from the current one (``{}`` for none;
+        None: keep it), written only if no other producer of the owner id initialised between
+        this one's read and its commit (else it reads and tries again, :data:`CAS_ATTEMPTS` times).
+        ``update`` may raise (FencedError) to write nothing. Returns the record that stands."""
+        where = f"kafka sink {self.sink_id}: owner record"
+        transactional_id = KafkaTransactionalId.owner(self.sink_id)
+        last: Exception | None = None
+        for _ in range(CAS_ATTEMPTS):
+            producer = self._transactional(transactional_id)  # initialised: every earlier one is fenced
+            try:
+                current = self._owner_record() or {}
+                wanted = update(dict(current))
+                if wanted is None:
+                    return current
+                producer.begin_transaction()
+                produce_when_room(producer, self.topic, json.dumps(wanted).encode(), _OWNER_KEY,
+                                  partition=MarkerTopic.OWNER_PARTITION)
+                bounded(f"{where}: commit_transaction", READ_S + 5, producer.commit_transaction, READ_S)
+                return wanted
+            except KafkaException as exc:
+                if not exc.args[0].fatal():
+                    raise ServiceError(f"{where}: cannot write it: {exc.args[0].str()}") from exc
+                last = exc  # another producer of the id initialised meanwhile: read again
+            finally:
+                producer.flush(0)
+        raise ServiceError(f"{where}: {CAS_ATTEMPTS} compare-and-set attempts were fenced by other writers: {last}")
 
-    def reset(self) -> None:
+    def take_epoch(self, floor: int) -> int:
+        """Driver, at a run's start: raise the sink's epoch above its own and ``floor``; the new
+        epoch, which no other run ever holds."""
+        record = self.compare_and_set(lambda current: {"query_id": "", "checkpoint": "", **current,
+                                                       "epoch": max(int(current.get("epoch", 0)), floor) + 1})
+        return int(record["epoch"])
+
+    def hold_epoch(self, epoch: int) -> None:
+        """Driver, at the start of a run whose epoch another target gave: raise the sink's epoch
+        to ``epoch``; FencedError if it holds a newer one."""
+        def raise_to(current: dict[str, Any]) -> dict[str, Any] | None:
+            held = int(current.get("epoch", 0))
+            if held > epoch:
+                raise FencedError(f"kafka sink {self.sink_id}: this run (epoch {epoch}) was superseded by epoch {held}: "
+                                  "another driver took the query over")
+            return None if held == epoch else {**current, "epoch": epoch}
+
+        self.compare_and_set(raise_to)
+
+    def record_owner(self, owner: SinkOwner, epoch: int) -> None:
+        """Driver, from the sink's claim: record ``owner``; FencedError when a newer run than
+        ``epoch`` holds the sink."""
+        def claim(current: dict[str, Any]) -> dict[str, Any]:
+            held = int(current.get("epoch", 0))
+            if held > epoch:
+                raise FencedError(f"kafka sink {self.sink_id}: recording query {owner.query_id} as the owner: this run "
+                                  f"(epoch {epoch}) was superseded by epoch {held}")
+            return {**current, "query_id": owner.query_id, "checkpoint": owner.checkpoint, "epoch": max(held, epoch)}
+
+        self.compare_and_set(claim)
+
+    def reset(self, writers: Callable[[int], KafkaTransactionalId], epoch: int) -> None:
         """Driver, from the sink's claim when another query takes the sink id over: every
-        writer's latest marker becomes "none" (:data:`_NO_MARKER`), so that the new query's
-        batches, numbered from its own start, are never taken for the previous query's."""
+        writer's latest marker becomes an empty one of ``epoch`` (:meth:`BatchMarker.empty`), so
+        that the new query's batches, numbered from its own start, are never taken for the
+        previous query's. Each is written in a transaction of the writer's own id (``writers``
+        names it), whose initialisation fences the previous query's producer of that writer and
+        aborts what it left open; a producer of the previous query made later reads the empty
+        marker, newer than its run, and writes nothing."""
         count = self._count(AdminClient(self.kafka.settings(logger=_CLIENT_LOG)))
-        writers = range(MarkerTopic.OWNER_PARTITION + 1, count)
-        self._write([(partition, _MARKER_KEY, _NO_MARKER) for partition in writers])
-        logger.info("kafka sink %s: markers of %s writers reset in %s", self.sink_id, len(writers), self.topic)
+        for partition in range(MarkerTopic.OWNER_PARTITION + 1, count):
+            transactional_id = writers(partition - 1)
+            producer = self._transactional(transactional_id)
+            try:
+                producer.begin_transaction()
+                produce_when_room(producer, self.topic, BatchMarker.empty(epoch).to_bytes(), _MARKER_KEY,
+                                  partition=partition)
+                bounded(f"kafka sink {self.sink_id}: reset of {self.topic}[{partition}]: commit_transaction", READ_S + 5,
+                        producer.commit_transaction, READ_S)
+            except KafkaException as exc:
+                raise ServiceError(f"kafka sink {self.sink_id}: cannot reset the markers of {transactional_id}: "
+                                   f"{exc.args[0].str()}") from exc
+            finally:
+                producer.flush(0)
+        logger.info("kafka sink %s: markers of %s writers reset in %s (epoch %s)", self.sink_id,
+                    max(0, count - 1), self.topic, epoch)
 
     def _write(self, records: list[tuple[int, bytes, bytes]]) -> None:
         """Records (partition, key, value) outside any transaction, acknowledged by the cluster
@@ -291,13 +403,15 @@ class MarkerLog:
             produce_when_room(producer, self.topic, marker.to_bytes(), _MARKER_KEY, partition=partition)
 
     def latest(self, writer: int, where: str, settle_s: float = SETTLE_S) -> BatchMarker | None:
-        """``writer``'s latest committed marker, None if it has none (after :meth:`ensure_writer`).
-        Waits up to ``settle_s`` for the partition to settle (UnsettledMarkerError after);
-        ``where`` names sink, batch and partition in the errors."""
+        """``writer``'s latest committed marker (an empty one after a reset), None if it has none
+        (after :meth:`ensure_writer`). Waits up to ``settle_s`` for the partition to settle
+        (UnsettledMarkerError after); ``where`` names sink, batch and partition in the errors."""
         partition = MarkerTopic.partition_of(writer)
         value = bounded(f"{where}: marker read from {self.topic}[{partition}]", READ_S + settle_s + 5, self._last,
                         partition, where, settle_s)
-        return None if value is None or value == _NO_MARKER else BatchMarker.from_bytes(value)
+        if value is None:
+            return None
+        return BatchMarker.empty(0) if value == _NO_MARKER else BatchMarker.from_bytes(value)
 
     def _last(self, partition: int, where: str, settle_s: float) -> bytes | None:
         """The value of the last committed record of ``partition``, None if it has none, once

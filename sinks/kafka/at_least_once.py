@@ -9,7 +9,8 @@ import pyarrow as pa
 from confluent_kafka import KafkaException
 
 from oncekit.core.errors import OncekitError, RecordError
-from oncekit.core.protocol import AtLeastOnceSink, TaskInfo
+from oncekit.core.bases import AtLeastOnceSink
+from oncekit.core.protocol import TaskInfo
 from oncekit.sinks.kafka._common import FORMAT, KafkaSinkBase, RecordStream
 
 

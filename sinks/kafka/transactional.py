@@ -15,7 +15,8 @@ import pyarrow as pa
 
 from oncekit.core.deadline import begin
 from oncekit.core.names import KafkaTransactionalId
-from oncekit.core.protocol import TaskCommitSink, TaskInfo
+from oncekit.core.bases import TaskCommitSink
+from oncekit.core.protocol import TaskInfo
 from oncekit.sinks.kafka._common import FORMAT, KafkaSinkBase, RecordStream, SinkProducer
 from oncekit.sinks.kafka._markers import READ_S, SETTLE_S, BatchMarker
 
@@ -44,9 +45,11 @@ class KafkaTransactionalSink(KafkaSinkBase, TaskCommitSink):
 
             def marker_of(rows: int, checksum: str) -> BatchMarker | None:
                 found = marker.result(2 * READ_S + 10)
-                if found is None:
-                    return BatchMarker(task.batch_id, rows, checksum)
-                publish = found.replayed(task.batch_id, rows, checksum, where)
+                if found is not None:
+                    found.refuse_newer(task.epoch, where)
+                if found is None or found.is_empty:
+                    return BatchMarker(task.batch_id, rows, checksum, epoch=task.epoch)
+                publish = found.replayed(task.batch_id, rows, checksum, where, task.epoch)
                 if publish is None:
                     replayed.append(task.batch_id)
                 return publish

@@ -1,6 +1,7 @@
 """The write-ahead-log Kafka sink: tasks stage rows under the checkpoint; once the checkpoint is
 complete, one transaction publishes the batch with its marker (one marker per sink), so
-output is visible only after the checkpoint, as with Flink."""
+output is visible only after the checkpoint, as with Flink. A publisher whose latest marker is a
+newer run's publishes nothing (FencedError)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from confluent_kafka import KafkaException
 
 from oncekit.core.errors import OncekitError
 from oncekit.core.names import KafkaTransactionalId
-from oncekit.core.protocol import CommitOutcome, Committable, WriteAheadSink
+from oncekit.core.bases import WriteAheadSink
+from oncekit.core.protocol import CommitOutcome, Committable
 from oncekit.core.staging import StagedFiles
 from oncekit.sinks.kafka._common import FORMAT, KafkaSinkBase, RecordStream, SinkProducer, checksum
 from oncekit.sinks.kafka._markers import READ_S, SETTLE_S, BatchMarker
@@ -45,14 +47,16 @@ class KafkaWriteAheadSink(KafkaSinkBase, WriteAheadSink):
             # Published before (a repeated notification, or another one meanwhile)? A new
             # producer's init_transactions has settled the id: its read may wait longer.
             marker = self.markers.latest(PUBLISHER, where, READ_S if producer.fresh else SETTLE_S)
-            if marker is None:
+            if marker is not None:
+                marker.refuse_newer(self.epoch, where)
+            if marker is None or marker.is_empty:
                 return self.publish(producer, records, PUBLISHER, batch_id, where,
-                                    lambda rows, checksum: BatchMarker(batch_id, rows, checksum))
+                                    lambda rows, checksum: BatchMarker(batch_id, rows, checksum, epoch=self.epoch))
             if marker.batch_id == batch_id or (marker.batch_id > batch_id and self._replay_matches(
                     marker, batch_id, committables, where)):
                 return -1
             return self.publish(producer, records, PUBLISHER, batch_id, where,
-                                lambda rows, checksum: marker.replayed(batch_id, rows, checksum, where))
+                                lambda rows, checksum: marker.replayed(batch_id, rows, checksum, where, self.epoch))
 
         try:
             published = self.commit_with_fencing(KafkaTransactionalId(self.sink_id), where, attempt)
@@ -82,7 +86,11 @@ class KafkaWriteAheadSink(KafkaSinkBase, WriteAheadSink):
                     rows, crc_total = rows + len(part), crc_total + part.crc_total
         except FileNotFoundError:
             return True
-        return marker.replayed(batch_id, rows, checksum(rows, crc_total), where) is None
+        return marker.replayed(batch_id, rows, checksum(rows, crc_total), where, self.epoch) is None
+
+    def transactional_id_of(self, writer: int) -> KafkaTransactionalId:
+        """The publisher's: it writes the one marker partition of the sink (writer 0)."""
+        return KafkaTransactionalId(self.sink_id)
 
     def _wait_for_marker(self, batch_id: int, where: str, timeout_s: float = 60.0) -> bool:
         deadline = time.monotonic() + timeout_s

@@ -1,10 +1,15 @@
 """Connections of the PostgreSQL sinks, pooled per process.
 
 Spark reuses its Python workers across tasks and batches, and the driver-side commits run in
-long-lived workers too, so a connection (TCP, authentication, ``SET lock_timeout``) is opened once
-per worker and connection string and then taken and given back by each task or commit. A
-connection goes back to the pool only when it is idle and healthy; one that failed, or that is
-left inside a transaction, is closed.
+long-lived workers too, so a connection (TCP, authentication, its session settings) is opened once
+per worker, connection string and idle bound, and then taken and given back by each task or
+commit. A connection goes back to the pool only when it is idle and healthy; one that failed, or
+that is left inside a transaction, is closed.
+
+Every session waits for a lock :data:`LOCK_TIMEOUT_S` at most, and the server ends one that sits
+inside a transaction without a statement longer than its idle bound
+(``idle_in_transaction_session_timeout``), so a client that froze or lost its host holds no lock
+another run needs for longer than that.
 """
 
 from __future__ import annotations
@@ -44,18 +49,19 @@ class ConnectionPool:
     """Idle connections of this process, by connection string. Thread-safe."""
 
     def __init__(self) -> None:
-        self._idle: dict[str, list[psycopg.Connection[Any]]] = {}
+        self._idle: dict[tuple[str, int], list[psycopg.Connection[Any]]] = {}
         self._lock = threading.Lock()
         self._pid = os.getpid()
-        self._inherited: list[dict[str, list[psycopg.Connection[Any]]]] = []
+        self._inherited: list[dict[tuple[str, int], list[psycopg.Connection[Any]]]] = []
 
-    def take(self, dsn: str, autocommit: bool) -> psycopg.Connection[Any]:
-        """An idle connection to ``dsn``, or a new one; raises psycopg.OperationalError when the
-        server cannot be reached."""
+    def take(self, dsn: str, autocommit: bool, idle_s: int) -> psycopg.Connection[Any]:
+        """An idle connection to ``dsn`` whose session the server ends after ``idle_s`` idle inside
+        a transaction, or a new one; raises psycopg.OperationalError when the server cannot be
+        reached."""
         while True:
             with self._lock:
                 self._after_fork()
-                idle = self._idle.get(dsn)
+                idle = self._idle.get((dsn, idle_s))
                 conn = idle.pop() if idle else None
             if conn is None:
                 break
@@ -66,32 +72,33 @@ class ConnectionPool:
         conn = connect(dsn, autocommit=True)
         try:
             conn.execute(f"SET lock_timeout = '{LOCK_TIMEOUT_S}s'")
+            conn.execute(f"SET idle_in_transaction_session_timeout = '{int(idle_s)}s'")
             conn.autocommit = autocommit
         except BaseException:
             conn.close()
             raise
         return conn
 
-    def give_back(self, dsn: str, conn: psycopg.Connection[Any]) -> None:
+    def give_back(self, dsn: str, idle_s: int, conn: psycopg.Connection[Any]) -> None:
         """Keep ``conn`` for the next taker if it is idle and healthy, else close it."""
         if usable(conn):
             with self._lock:
-                idle = self._idle.setdefault(dsn, [])
+                idle = self._idle.setdefault((dsn, idle_s), [])
                 if os.getpid() == self._pid and len(idle) < MAX_IDLE:
                     idle.append(conn)
                     return
         conn.close()
 
     @contextmanager
-    def connection(self, dsn: str, autocommit: bool) -> Iterator[psycopg.Connection[Any]]:
+    def connection(self, dsn: str, autocommit: bool, idle_s: int) -> Iterator[psycopg.Connection[Any]]:
         """Take a connection for the block; give it back after, close it if the block raised."""
-        conn = self.take(dsn, autocommit)
+        conn = self.take(dsn, autocommit, idle_s)
         try:
             yield conn
         except BaseException:
             conn.close()
             raise
-        self.give_back(dsn, conn)
+        self.give_back(dsn, idle_s, conn)
 
     def close_all(self) -> None:
         with self._lock:

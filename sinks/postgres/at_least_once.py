@@ -6,7 +6,8 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 
-from oncekit.core.protocol import AtLeastOnceSink, TaskInfo
+from oncekit.core.bases import AtLeastOnceSink
+from oncekit.core.protocol import TaskInfo
 from oncekit.sinks.postgres._common import PostgresSinkBase
 
 
@@ -14,4 +15,4 @@ class PostgresAtLeastOnceSink(PostgresSinkBase, AtLeastOnceSink):
     """Tasks append and commit at once. A batch re-run after a crash writes its rows again."""
 
     def append(self, task: TaskInfo, batches: Iterator[pa.RecordBatch]) -> int:
-        return self.write_and_commit(task, batches)
+        return self.target.write_and_commit(task, batches, None)

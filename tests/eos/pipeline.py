@@ -7,7 +7,8 @@ import random
 import time
 from typing import Any
 
-from oncekit.core.spark.query import STRAGGLER_S, OncekitQuery, start_query
+from oncekit.core.spark.query import OncekitQuery, start_query
+from oncekit.core.spark.watchdog import STRAGGLER_S
 from oncekit.core.protocol import SinkConfig
 from oncekit.verify import (  # noqa: F401  (re-exported for the tests)
     COUNT,

@@ -17,7 +17,8 @@ from oncekit.connectors import KafkaConfig
 from oncekit.core.crash import POINTS, arm, fired
 from oncekit.core.journal import Journal
 from oncekit.core.names import TransactionId
-from oncekit.core.spark.query import CheckpointListener, start_query
+from oncekit.core.spark.listener import CheckpointListener
+from oncekit.core.spark.query import start_query
 from oncekit.sinks.postgres import postgres_sink
 from oncekit.verify import compare
 from tests.eos.pipeline import (COUNT, PER_BATCH, integers, prepared_after_the_sweep, prepared_transactions, produce_input,

@@ -325,15 +325,14 @@ def test_a_driver_frozen_inside_its_publish_does_not_hold_the_next_run_off(
     old.checkpoint(0, old.write_task(TaskInfo(sink_id, 0, 0, 0, epoch=old.epoch), iter([rows([1, 2])])))
     spark_logged(tmp_path, planned=[0], committed=[0])
     thaw, frozen = threading.Event(), threading.Event()
-    write_rows = old.sink.write_rows  # type: ignore[attr-defined]
+    fence = old.sink.target.fence  # type: ignore[attr-defined]  # after the publish wrote its rows
 
     def freeze(*args: Any, **kwargs: Any) -> Any:
-        result = write_rows(*args, **kwargs)
         frozen.set()
         thaw.wait(TAKEOVER_BOUND_S * 3)
-        return result
+        return fence(*args, **kwargs)
 
-    old.sink.write_rows = freeze  # type: ignore[attr-defined]
+    old.sink.target.fence = freeze  # type: ignore[attr-defined]
     outcome: list[BaseException | None] = []
 
     def publish() -> None:
@@ -372,14 +371,14 @@ def test_a_task_frozen_before_its_prepare_does_not_hold_the_replay_off(
     old = run(postgres_dsn, unique_name, tmp_path, "two-phase-commit", "old", key_columns=("id",))
     sink_id = old.sink.sink_id
     thaw, frozen = threading.Event(), threading.Event()
-    check_epoch = old.sink.check_epoch  # type: ignore[attr-defined]
+    fence = old.sink.target.fence  # type: ignore[attr-defined]  # after the task wrote its rows
 
     def freeze(*args: Any, **kwargs: Any) -> Any:
         frozen.set()
         thaw.wait(120)
-        return check_epoch(*args, **kwargs)
+        return fence(*args, **kwargs)
 
-    old.sink.check_epoch = freeze  # type: ignore[attr-defined]
+    old.sink.target.fence = freeze  # type: ignore[attr-defined]
     stale = threading.Thread(target=lambda: _swallow(lambda: old.write_task(
         TaskInfo(sink_id, 0, 0, 0, epoch=old.epoch), iter([rows([1, 2])]))), daemon=True)
     stale.start()

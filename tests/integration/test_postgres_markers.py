@@ -14,7 +14,7 @@ import pytest
 
 from oncekit.core.protocol import TaskInfo
 from oncekit.sinks.postgres import postgres_sink
-from oncekit.sinks.postgres.two_phase_commit import _BIGINT_ATTEMPT
+from oncekit.sinks.postgres._schema import _bigint_attempt as _BIGINT_ATTEMPT
 
 pytestmark = pytest.mark.services
 
@@ -38,17 +38,21 @@ def test_attempt_past_two_to_the_31_prepares_and_an_old_int_table_is_migrated(
         conn.execute(f"CREATE TABLE {schema}.oncekit_markers (transaction_id text PRIMARY KEY, sink_id text NOT NULL, "
                      "batch_id bigint NOT NULL, partition_id int NOT NULL, attempt int NOT NULL, rows bigint NOT NULL, "
                      "prepared_at timestamptz NOT NULL DEFAULT now())")
+        conn.execute(f"CREATE TABLE {schema}.oncekit_sinks (sink_id text PRIMARY KEY, query_id text NOT NULL, "
+                     "checkpoint text NOT NULL, claimed_at timestamptz NOT NULL DEFAULT now(), epoch bigint NOT NULL "
+                     "DEFAULT 0)")
     config = postgres_sink(postgres_dsn, f"{schema}.target", "two-phase-commit", columns=("id",))
     sink = config.build(str(tmp_path))
+    sink.act_for(sink.take_epoch(0))
     batch = pa.record_batch([pa.array([1, 2], pa.int32())], names=["id"])
 
     # A prepared transaction of the old table holds its lock: the migration waits 3 s and defers.
-    held = sink.write_partition(TaskInfo(config.sink_id, 0, 0, 5), iter([batch]))
+    held = sink.write_partition(TaskInfo(config.sink_id, 0, 0, 5, sink.epoch), iter([batch]))
     _BIGINT_ATTEMPT.clear()
     sink.preflight()
     with psycopg.connect(postgres_dsn) as conn:
         assert attempt_type(conn, schema) == "integer"
-    (big,) = sink.write_partition(TaskInfo(config.sink_id, 1, 0, BIG_ATTEMPT), iter([batch]))  # low bits meanwhile
+    (big,) = sink.write_partition(TaskInfo(config.sink_id, 1, 0, BIG_ATTEMPT, sink.epoch), iter([batch]))  # low bits meanwhile
     sink.commit_batch(0, held)
     sink.commit_batch(1, [big])
 
@@ -56,7 +60,7 @@ def test_attempt_past_two_to_the_31_prepares_and_an_old_int_table_is_migrated(
     sink.preflight()  # nothing prepared now: migrated
     with psycopg.connect(postgres_dsn) as conn:
         assert attempt_type(conn, schema) == "bigint"
-    (bigger,) = sink.write_partition(TaskInfo(config.sink_id, 2, 0, BIG_ATTEMPT), iter([batch]))
+    (bigger,) = sink.write_partition(TaskInfo(config.sink_id, 2, 0, BIG_ATTEMPT, sink.epoch), iter([batch]))
     sink.commit_batch(2, [bigger])
     with psycopg.connect(postgres_dsn) as conn:
         stored = dict(conn.execute(f"SELECT batch_id, attempt FROM {schema}.oncekit_markers").fetchall())

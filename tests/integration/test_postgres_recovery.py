@@ -43,7 +43,9 @@ def engine(postgres_dsn: str, unique_name: str, tmp_path: Path) -> CheckpointEng
     config = postgres_sink(postgres_dsn, unique_name, "two-phase-commit", columns=("id", "payload"))
     sink = config.build(str(tmp_path))
     sink.preflight()
-    return CheckpointEngine(sink, str(tmp_path))
+    engine = CheckpointEngine(sink, str(tmp_path))
+    engine.start_run("run-1")
+    return engine
 
 
 def prepared(dsn: str, sink_id: str) -> list[str]:
@@ -56,43 +58,26 @@ def ids_in(dsn: str, table: str) -> list[int]:
         return sorted(r[0] for r in conn.execute(f"SELECT id FROM {table}"))
 
 
-def test_recovery_commits_completed_and_aborts_incomplete_batch(
+def test_recovery_commits_every_decided_batch_and_aborts_what_no_decision_names(
     engine: CheckpointEngine, postgres_dsn: str, unique_name: str, tmp_path: Path
 ) -> None:
+    """Batch 0 decided and logged by Spark, batch 1 decided and not logged (the process died
+    between the two), batch 2 prepared by its tasks and never decided: the next run commits both
+    decisions (batch 1's replay will find it committed) and aborts batch 2's transaction."""
     sink_id = engine.sink.sink_id
-    batch0 = [write(engine, TaskInfo(sink_id, 0, p, 0), iter([rows([p])])) for p in (0, 1)]
+    batch0 = [write(engine, TaskInfo(sink_id, 0, p, 0, epoch=engine.epoch), iter([rows([p])])) for p in (0, 1)]
     engine.checkpoint(0, [c for c in batch0 if c])
-    batch1 = [write(engine, TaskInfo(sink_id, 1, p, 0), iter([rows([10 + p])])) for p in (0, 1)]
+    batch1 = [write(engine, TaskInfo(sink_id, 1, p, 0, epoch=engine.epoch), iter([rows([10 + p])])) for p in (0, 1)]
     engine.checkpoint(1, [c for c in batch1 if c])
-    assert len(prepared(postgres_dsn, sink_id)) == 4
-    # Spark logged batch 0 as committed, then the process died: no notification for 0 came,
-    # and batch 1 never completed.
-    spark_logged(tmp_path, planned=[0, 1], committed=[0])
+    write(engine, TaskInfo(sink_id, 2, 0, 0, epoch=engine.epoch), iter([rows([20])]))  # never decided
+    assert len(prepared(postgres_dsn, sink_id)) == 5
+    spark_logged(tmp_path, planned=[0, 1, 2], committed=[0])
 
-    report = engine.recover()
+    report = CheckpointEngine(engine.sink.__class__(engine.sink.config, str(tmp_path)), str(tmp_path)).start_run("run-2")
 
-    assert report.committed_batches == [0] and report.aborted_batches == [1]
-    assert ids_in(postgres_dsn, unique_name) == [0, 1]
+    assert report.committed_batches == [0, 1] and len(report.aborted_leftovers) == 1
+    assert ids_in(postgres_dsn, unique_name) == [0, 1, 10, 11]
     assert prepared(postgres_dsn, sink_id) == []
-
-
-def test_recovery_aborts_leftover_of_failed_attempt_but_not_running_batch(
-    engine: CheckpointEngine, postgres_dsn: str, unique_name: str, tmp_path: Path
-) -> None:
-    sink_id = engine.sink.sink_id
-    write(engine, TaskInfo(sink_id, 0, 0, 0), iter([rows([1])]))        # attempt 0 died after prepare
-    kept = write(engine, TaskInfo(sink_id, 0, 0, 1), iter([rows([1])]))  # its retry succeeded
-    running = write(engine, TaskInfo(sink_id, 1, 0, 0), iter([rows([2])]))
-    assert kept is not None and running is not None
-    spark_logged(tmp_path, planned=[0, 1], committed=[])
-    engine.checkpoint(0, [kept])
-    spark_logged(tmp_path, planned=[0, 1], committed=[0])
-
-    engine.recover()
-
-    # Batch 1 is the newest planned batch and not complete: its driver commit may still come.
-    assert prepared(postgres_dsn, sink_id) == [running.transaction_id]
-    assert ids_in(postgres_dsn, unique_name) == [1]
 
 
 def test_attempt_aborted_by_a_second_attempt_fails_the_checkpoint_before_the_journal(
@@ -105,13 +90,15 @@ def test_attempt_aborted_by_a_second_attempt_fails_the_checkpoint_before_the_jou
     exactly-once."""
     sink_id = engine.sink.sink_id
     spark_logged(tmp_path, planned=[0], committed=[])
-    first = write(engine, TaskInfo(sink_id, 0, 0, 1), iter([rows([1, 2])]))
-    write(engine, TaskInfo(sink_id, 0, 0, 2), iter([rows([1, 2])]))  # the second attempt, which Spark ignores
+    first = write(engine, TaskInfo(sink_id, 0, 0, 1, epoch=engine.epoch), iter([rows([1, 2])]))
+    write(engine, TaskInfo(sink_id, 0, 0, 2, epoch=engine.epoch), iter([rows([1, 2])]))  # the second attempt, which Spark ignores
     with pytest.raises(CommitError, match=rf"batch 0: pre-committed {first.transaction_id} no longer held"):
         engine.checkpoint(0, [first])
     assert engine.journal.entries() == (set(), set())
     engine.abort(0, [first])  # Spark gives up on the batch; the restart replays it
-    replay = write(engine, TaskInfo(sink_id, 0, 0, 3), iter([rows([1, 2])]))
+    engine = CheckpointEngine(engine.sink.__class__(engine.sink.config, str(tmp_path)), str(tmp_path))  # type: ignore[attr-defined]
+    engine.start_run("run-2")
+    replay = write(engine, TaskInfo(sink_id, 0, 0, 3, epoch=engine.epoch), iter([rows([1, 2])]))
     engine.checkpoint(0, [replay])
     spark_logged(tmp_path, planned=[0], committed=[0])
     engine.complete()
@@ -127,7 +114,7 @@ def test_stray_prepared_by_hand_for_an_earlier_batch_is_gone_after_the_next_driv
     does, and leaves what the listener has yet to commit."""
     sink_id = engine.sink.sink_id
     for batch_id in range(4):
-        engine.checkpoint(batch_id, [write(engine, TaskInfo(sink_id, batch_id, 0, batch_id), iter([rows([batch_id])]))],
+        engine.checkpoint(batch_id, [write(engine, TaskInfo(sink_id, batch_id, 0, batch_id, epoch=engine.epoch), iter([rows([batch_id])]))],
                           notified=True)
         spark_logged(tmp_path, planned=list(range(batch_id + 1)), committed=list(range(batch_id + 1)))
     stray = f"oncekit:{sink_id}:1:0:999"
@@ -135,7 +122,7 @@ def test_stray_prepared_by_hand_for_an_earlier_batch_is_gone_after_the_next_driv
         conn.execute(f"INSERT INTO {unique_name} VALUES (99, 'stray')")
         conn.execute(f"PREPARE TRANSACTION '{stray}'")
     assert stray in prepared(postgres_dsn, sink_id)
-    engine.checkpoint(4, [write(engine, TaskInfo(sink_id, 4, 0, 4), iter([rows([4])]))], notified=True)
+    engine.checkpoint(4, [write(engine, TaskInfo(sink_id, 4, 0, 4, epoch=engine.epoch), iter([rows([4])]))], notified=True)
     held = prepared(postgres_dsn, sink_id)
     assert stray not in held and len(held) == 2  # batches 3 and 4: the listener's to commit
     spark_logged(tmp_path, planned=list(range(5)), committed=list(range(5)))
@@ -148,11 +135,11 @@ def test_commit_is_idempotent_and_vanished_id_without_marker_is_error(
 ) -> None:
     sink = engine.sink
     sink_id = sink.sink_id
-    committable = write(engine, TaskInfo(sink_id, 0, 0, 0), iter([rows([1])]))
+    committable = write(engine, TaskInfo(sink_id, 0, 0, 0, epoch=engine.epoch), iter([rows([1])]))
     assert committable is not None
     assert sink.commit(committable).value == "committed"        # type: ignore[attr-defined]
     assert sink.commit(committable).value == "already committed"  # type: ignore[attr-defined]
-    rolled_back = write(engine, TaskInfo(sink_id, 1, 0, 0), iter([rows([2])]))
+    rolled_back = write(engine, TaskInfo(sink_id, 1, 0, 0, epoch=engine.epoch), iter([rows([2])]))
     assert rolled_back is not None
     with psycopg.connect(postgres_dsn, autocommit=True) as conn:
         conn.execute(f"ROLLBACK PREPARED '{rolled_back.transaction_id}'")
@@ -163,7 +150,7 @@ def test_commit_is_idempotent_and_vanished_id_without_marker_is_error(
 def test_bad_row_fails_batch_naming_sink_batch_and_column(engine: CheckpointEngine, postgres_dsn: str, unique_name: str) -> None:
     bad = pa.record_batch([pa.array([1, 2, 3], pa.int32()), pa.array(["a", None, "c"])], names=["id", "payload"])
     with pytest.raises(BadRecordError, match=rf"sink {engine.sink.sink_id} batch 4 partition 0: row 1 of the partition, column payload"):
-        engine.write_task(TaskInfo(engine.sink.sink_id, 4, 0, 0), iter([bad]))
+        engine.write_task(TaskInfo(engine.sink.sink_id, 4, 0, 0, epoch=engine.epoch), iter([bad]))
     assert prepared(postgres_dsn, engine.sink.sink_id) == []
     assert ids_in(postgres_dsn, unique_name) == []
 
@@ -175,8 +162,9 @@ def test_bad_row_goes_to_dead_letter_table_rest_commits(postgres_dsn: str, uniqu
                            dead_letter_table=f"{unique_name}_dead")
     engine = CheckpointEngine(config.build(str(tmp_path)), str(tmp_path))
     engine.sink.preflight()
+    engine.start_run("run-1")
     bad = pa.record_batch([pa.array([1, 2, 3], pa.int32()), pa.array(["a", None, "c"])], names=["id", "payload"])
-    committable = write(engine, TaskInfo(config.sink_id, 0, 0, 0), iter([bad]))
+    committable = write(engine, TaskInfo(config.sink_id, 0, 0, 0, epoch=engine.epoch), iter([bad]))
     engine.checkpoint(0, [committable] if committable else [])
     spark_logged(tmp_path, planned=[0], committed=[0])
     engine.complete(0)
@@ -214,7 +202,7 @@ def test_concurrent_commits_of_one_transaction_commit_it_once(engine: Checkpoint
     """The listener, the driver's recovery and tasks may commit the same checkpoint at once."""
     from concurrent.futures import ThreadPoolExecutor
 
-    committable = write(engine, TaskInfo(engine.sink.sink_id, 0, 0, 0), iter([rows([1, 2, 3])]))
+    committable = write(engine, TaskInfo(engine.sink.sink_id, 0, 0, 0, epoch=engine.epoch), iter([rows([1, 2, 3])]))
     assert committable is not None
     with ThreadPoolExecutor(8) as pool:
         outcomes = [o.value for o in pool.map(lambda _: engine.sink.commit(committable), range(8))]  # type: ignore[attr-defined]

@@ -53,14 +53,32 @@ def as_list(written: Any) -> list[Committable]:
     return list(written) if isinstance(written, list) else [written]
 
 
+_epochs: dict[tuple[str, str], int] = {}
+
+
+def epoch_of(config: Any, checkpoint: str) -> int:
+    """The epoch of the test's one query run on ``config``'s sink, taken at the target once."""
+    key = (config.sink_id, checkpoint)
+    if key not in _epochs:
+        _epochs[key] = config.build(checkpoint).take_epoch(0)
+    return _epochs[key]
+
+
+def built(config: Any, checkpoint: str) -> Any:
+    """A sink object acting for the test's run."""
+    sink = config.build(checkpoint)
+    sink.act_for(epoch_of(config, checkpoint))
+    return sink
+
+
 def run_batch(config: Any, checkpoint: str, batch_id: int, partitions: dict[int, list[pa.RecordBatch]],
               attempt: int = 0) -> None:
     """Tasks write each partition through a sink object of their own, then the driver commits."""
     committables = []
     for partition, batches in partitions.items():
-        task = TaskInfo(config.sink_id, batch_id, partition, attempt)
-        committables += as_list(config.build(checkpoint).write_partition(task, iter(batches)))
-    config.build(checkpoint).commit_batch(batch_id, committables)
+        task = TaskInfo(config.sink_id, batch_id, partition, attempt, epoch_of(config, checkpoint))
+        committables += as_list(built(config, checkpoint).write_partition(task, iter(batches)))
+    built(config, checkpoint).commit_batch(batch_id, committables)
 
 
 def prepared(dsn: str, sink_id: str) -> list[str]:
@@ -114,10 +132,10 @@ def test_postgres_sink_pool_reuses_connection_and_replaces_one_the_server_ended(
 ) -> None:
     config = new_sink(postgres_dsn, unique_name, tmp_path, "two-phase-commit", keyed=False)
     sink = config.build(str(tmp_path))
-    with sink.connection() as conn:  # type: ignore[attr-defined]
+    with sink.target.session() as conn:  # type: ignore[attr-defined]
         first = conn.info.backend_pid
     run_batch(config, str(tmp_path), 0, {0: [rows([1])]})
-    with sink.connection() as conn:  # type: ignore[attr-defined]
+    with sink.target.session() as conn:  # type: ignore[attr-defined]
         assert conn.info.backend_pid == first
     with psycopg.connect(postgres_dsn, autocommit=True) as admin:
         # Waits (5 s at most) until the session has ended and told its client so.
@@ -147,7 +165,8 @@ def test_postgres_sink_bad_row_in_later_arrow_batch_names_its_row_in_partition(
     config = new_sink(postgres_dsn, unique_name, tmp_path, "two-phase-commit", keyed)
     bad = pa.record_batch([pa.array([4, 5, 6], pa.int32()), pa.array(["d", None, "f"])], names=["id", "payload"])
     with pytest.raises(BadRecordError, match=rf"batch 3 partition 1: row 4 of the partition, column payload"):
-        config.build(str(tmp_path)).write_partition(TaskInfo(config.sink_id, 3, 1, 0), iter([rows([1, 2, 3]), bad]))
+        built(config, str(tmp_path)).write_partition(TaskInfo(config.sink_id, 3, 1, 0, epoch_of(config, str(tmp_path))),
+                                                     iter([rows([1, 2, 3]), bad]))
     assert prepared(postgres_dsn, config.sink_id) == []
     assert content(postgres_dsn, unique_name) == []
 

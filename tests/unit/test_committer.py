@@ -15,12 +15,23 @@ import pytest
 
 from oncekit.core.engine import CheckpointEngine
 from oncekit.core.spark import committer
-from tests.unit.test_engine import MemorySink, prepare, sink_of, spark_logged
+from tests.unit.test_engine import MemorySink, prepare, spark_logged
 
 
 @pytest.fixture
 def engine(tmp_path: Path) -> CheckpointEngine:
-    return CheckpointEngine(MemorySink(), str(tmp_path))
+    engine = CheckpointEngine(MemorySink(), str(tmp_path))
+    engine.start_run("run-1")
+    return engine
+
+
+def sink_of(engine: CheckpointEngine) -> MemorySink:
+    assert isinstance(engine.sink, MemorySink)
+    return engine.sink
+
+
+def server_committed(engine: CheckpointEngine) -> list[str]:
+    return sink_of(engine).server.committed
 
 
 @pytest.fixture
@@ -41,14 +52,13 @@ def test_batch_0_is_committed_once_spark_logs_it_not_after_the_wait(
     spark_logged(tmp_path, "commits", 0)
     with caplog.at_level(logging.WARNING):
         committer.Committer(engine, "run-1", inbox[0])._commit(0)
-    assert sink_of(engine).committed == ["oncekit:memory:0:0:0"]
+    assert server_committed(engine) == ["oncekit:memory:0:0:0:e1"]
     assert "did not log the batch complete" not in caplog.text
 
 
 def test_wake_ups_commit_each_completed_batch_and_a_newer_run_ends_the_committer(
         engine: CheckpointEngine, tmp_path: Path, inbox: tuple[socket.socket, socket.socket]) -> None:
     receiver, sender = inbox
-    engine.journal.start_run("run-1")
     served = threading.Thread(target=committer.Committer(engine, "run-1", receiver).serve, args=(None,))
     served.start()
     try:
@@ -57,17 +67,17 @@ def test_wake_ups_commit_each_completed_batch_and_a_newer_run_ends_the_committer
             spark_logged(tmp_path, "commits", batch_id)
             sender.send(str(batch_id).encode())
         deadline = time.monotonic() + 10
-        while len(sink_of(engine).committed) < 2 and time.monotonic() < deadline:
+        while len(server_committed(engine)) < 2 and time.monotonic() < deadline:
             time.sleep(0.01)
         engine.checkpoint(2, [prepare(engine, 2, 0)], notified=True)  # journaled, not logged by Spark
-        engine.journal.start_run("run-2")
+        engine.journal.record_epoch("run-2", 2)  # a newer run started
         sender.send(b"2")
         served.join(10)
         assert not served.is_alive(), "the committer of run-1 went on after run-2 started"
     finally:
-        engine.journal.start_run("stop")
+        engine.journal.record_epoch("stop", 3)
         served.join(10)
-    assert sink_of(engine).committed == ["oncekit:memory:0:0:0", "oncekit:memory:1:0:0"]
+    assert server_committed(engine) == ["oncekit:memory:0:0:0:e1", "oncekit:memory:1:0:0:e1"]
 
 
 def test_a_committer_busy_with_a_slow_target_never_blocks_the_driver_side_commit(

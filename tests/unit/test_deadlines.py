@@ -137,8 +137,8 @@ def test_a_trigger_that_plans_no_batch_for_longer_than_the_batch_timeout_is_a_st
     gets planned (a source call that hangs between batches: planned == completed, so no batch
     is overdue). The watchdog must see it as a stall naming the query and the step, and stop
     the query for its restart strategy."""
-    from oncekit.core.spark import query as queries
-    from oncekit.core.spark.query import BatchWatchdog
+    from oncekit.core.spark import watchdog as queries
+    from oncekit.core.spark.watchdog import BatchWatchdog
 
     monkeypatch.setattr(queries, "PLANNING_FLOOR_S", 0.5)
 

@@ -13,7 +13,8 @@ import pytest
 
 from oncekit.core.errors import ConfigError, TaskInputCutError
 from oncekit.core.fanout import QUEUED, FanOutSink, fan_out
-from oncekit.core.protocol import CommitOutcome, Committable, DeliveryGuarantee, TaskInfo, TwoPhaseCommitSink
+from oncekit.core.bases import TwoPhaseCommitSink
+from oncekit.core.protocol import CommitOutcome, Committable, DeliveryGuarantee, TaskInfo
 from oncekit.sinks.postgres import postgres_sink
 
 ROUTES = ("a", "b", "c")

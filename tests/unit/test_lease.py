@@ -175,7 +175,8 @@ def test_a_query_that_spark_failed_after_another_driver_took_its_lease_raises_le
     standby had taken over and written the next batch) before its watchdog looked at the lease.
     The driver then saw Spark's error, not LeaseLostError, and its restart strategy started the
     query again and again, refused each time, for minutes, instead of stopping at once."""
-    from oncekit.core.spark.query import BatchWatchdog, OncekitQuery
+    from oncekit.core.spark.query import OncekitQuery
+    from oncekit.core.spark.watchdog import BatchWatchdog
 
     class FailedBySpark:
         isActive = False
@@ -204,8 +205,9 @@ def test_a_deposed_driver_whose_query_will_not_stop_exits_with_a_named_error(
 
     from oncekit.core.errors import QueryStuckError
     from oncekit.core.spark import query as queries
+    from oncekit.core.spark import watchdog as watchdogs
 
-    monkeypatch.setattr(queries, "STOP_S", 0.3)
+    monkeypatch.setattr(watchdogs, "STOP_S", 0.3)
     never = threading.Event()
 
     class WillNotStop:
@@ -222,7 +224,7 @@ def test_a_deposed_driver_whose_query_will_not_stop_exits_with_a_named_error(
             return None
 
     query: Any = WillNotStop()
-    watchdog = queries.BatchWatchdog(query, str(tmp_path), "q", timeout_s=60.0, run="this-driver's-run")
+    watchdog = watchdogs.BatchWatchdog(query, str(tmp_path), "q", timeout_s=60.0, run="this-driver's-run")
     watchdog._lost("driver pid 7 on another-host")
     outcome: list[BaseException | None] = []
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from oncekit.core.engine import CheckpointEngine
-from oncekit.core.spark.query import CheckpointListener
+from oncekit.core.spark.listener import CheckpointListener
 
 
 class _Id:
@@ -64,7 +64,7 @@ def test_a_late_event_of_a_failed_run_neither_reaches_nor_ends_the_restarted_run
             delivered.append((self.checkpoint, up_to))
             return []
 
-    monkeypatch.setattr(CheckpointEngine, "of", classmethod(lambda cls, config, checkpoint, *rest: Recorder(checkpoint)))
+    monkeypatch.setattr(CheckpointEngine, "for_run", classmethod(lambda cls, config, checkpoint, token: Recorder(checkpoint)))
     config: Any = type("Config", (), {"sink_id": "s"})()
     listener = CheckpointListener()
     listener.watch("run-1", config, "first-run")

@@ -45,7 +45,7 @@ def test_a_standby_that_loses_the_race_to_take_over_goes_back_to_waiting(
     refused because the other holds the query now. It must wait again (and take over when the
     other dies), not use up its restarts and exit."""
     from oncekit import runner
-    from oncekit.core.errors import ConfigError
+    from oncekit.core.errors import LeaseHeldError
 
     waits: list[int] = []
     monkeypatch.setattr(runner, "stand_by", lambda *args, **kwargs: waits.append(1))
@@ -55,7 +55,7 @@ def test_a_standby_that_loses_the_race_to_take_over_goes_back_to_waiting(
     def start(spark: Any) -> Any:
         starts.append(1)
         if len(starts) == 1:
-            raise ConfigError(f"the query checkpointed at {tmp_path} is running (driver pid 7 on other-host, lease "
+            raise LeaseHeldError(f"the query checkpointed at {tmp_path} is running (driver pid 7 on other-host, lease "
                               "renewed 0 s ago); two drivers on one checkpoint would take turns fencing each other")
         raise _Finished()
 
