@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic  # type: ignore[attr-defined]
 
+from oncekit.core import clock
 from oncekit.connectors.redact import redact_config
 from oncekit.connectors.wait import wait_until
 from oncekit.core.errors import AccessError, ConfigError, ServiceError
@@ -55,8 +55,8 @@ def client_log(name: str, demote: Callable[[str], bool] = lambda message: True) 
     return log
 
 
-ClientT = TypeVar("ClientT", bound=Producer | Consumer)
-ProducerT = TypeVar("ProducerT", bound=Producer)
+ClientT = TypeVar("ClientT")
+ProducerT = TypeVar("ProducerT")
 
 
 class ClientPool:
@@ -111,6 +111,63 @@ def _close(client: Any) -> None:
 CLIENTS = ClientPool()
 """The process's pool; the source's readers and planner and the Kafka sinks take from it."""
 
+
+class Clients(Protocol):
+    """What makes a cluster's clients: confluent-kafka's, or a model's (the simulation)."""
+
+    def producer(self, settings: dict[str, Any]) -> Any: ...
+
+    def consumer(self, settings: dict[str, Any]) -> Any: ...
+
+    def admin(self, settings: dict[str, Any]) -> Any: ...
+
+
+class ConfluentClients:
+    """confluent-kafka's clients: every cluster's, unless registered otherwise."""
+
+    def producer(self, settings: dict[str, Any]) -> Producer:
+        return Producer(settings)
+
+    def consumer(self, settings: dict[str, Any]) -> Consumer:
+        return Consumer(settings)
+
+    def admin(self, settings: dict[str, Any]) -> AdminClient:
+        return AdminClient(settings)
+
+
+_CLIENTS_OF: dict[str, Clients] = {}
+
+
+def register_clients(prefix: str, clients: Clients) -> None:
+    """Clusters whose bootstrap servers start with ``prefix`` get their clients from ``clients``
+    (the simulation's model of Kafka)."""
+    _CLIENTS_OF[prefix] = clients
+
+
+def clients_for(settings: Mapping[str, Any]) -> Clients:
+    """The client maker of the cluster that ``settings`` (a client's, with its bootstrap
+    servers) reach."""
+    servers = str(settings.get("bootstrap.servers", ""))
+    for prefix, clients in _CLIENTS_OF.items():
+        if servers.startswith(prefix):
+            return clients
+    return _CONFLUENT
+
+
+_CONFLUENT = ConfluentClients()
+
+
+def new_producer(settings: dict[str, Any]) -> Any:
+    return clients_for(settings).producer(settings)
+
+
+def new_consumer(settings: dict[str, Any]) -> Any:
+    return clients_for(settings).consumer(settings)
+
+
+def new_admin(settings: dict[str, Any]) -> Any:
+    return clients_for(settings).admin(settings)
+
 # What a cluster answers while a broker restarts or a partition's leader moves: asking again
 # (after librdkafka refreshed its metadata) is the cure, not failing the task or the query. A
 # new client asked about a partition before its metadata holds it answers _UNKNOWN_PARTITION
@@ -132,7 +189,7 @@ that failed (:meth:`ClientPool.borrowed`), so the next attempt connects afresh; 
 waits twice as long as the one before (:func:`attempt_timeout`)."""
 
 
-def produce_when_room(producer: Producer, *args: Any, **kwargs: Any) -> None:
+def produce_when_room(producer: Any, *args: Any, **kwargs: Any) -> None:
     """``producer.produce(*args, **kwargs)``, waiting while librdkafka's local queue is full:
     each wait serves delivery reports for 50 ms. The queue drains by deliveries or, with the
     broker away, by their timeout (``delivery.timeout.ms``), so the wait ends. Every producer of
@@ -159,7 +216,7 @@ def connect_producer(producer: ProducerT, topic: str, timeout_s: float = 10.0) -
     510-530 ms without."""
     try:
         for _ in range(2):
-            producer.list_topics(topic, timeout=timeout_s)
+            producer.list_topics(topic, timeout=timeout_s)  # type: ignore[attr-defined]
     except KafkaException:
         pass  # a broker out of reach is reported by the call that needs it, under that call's timeout
     return producer
@@ -170,7 +227,7 @@ def attempt_timeout(attempt: int, deadline: float | None = None) -> float:
     :data:`ATTEMPT_S`, doubled at each try, so that a new client on a loaded machine, which can
     need longer than the first try allows, still gets its answer; never past ``deadline``."""
     timeout: float = ATTEMPT_S * 2.0 ** min(attempt, 6)
-    return timeout if deadline is None else min(timeout, max(0.1, deadline - time.monotonic()))
+    return timeout if deadline is None else min(timeout, max(0.1, deadline - clock.monotonic()))
 
 T = TypeVar("T")
 
@@ -181,7 +238,7 @@ def retrying(what: str, call: Callable[[], T], timeout_s: float = 30.0) -> T:
     ``timeout_s``; then its last error is raised, its text naming ``what`` (which also names the
     call in the log) and how long it was asked. A ``call`` that borrows its client from
     :data:`CLIENTS` gets a new one for the next attempt."""
-    deadline = time.monotonic() + timeout_s
+    deadline = clock.monotonic() + timeout_s
     while True:
         try:
             return call()
@@ -189,11 +246,11 @@ def retrying(what: str, call: Callable[[], T], timeout_s: float = 30.0) -> T:
             error = exc.args[0]
             if not (error.code() in RETRIABLE or error.retriable()):
                 raise
-            if time.monotonic() >= deadline:
+            if clock.monotonic() >= deadline:
                 raise KafkaException(KafkaError(error.code(), f"{what}: {error.str()}, still after {timeout_s:.0f} s",
                                                 retriable=True)) from exc
             logger.info("%s: asking again after %s", what, error.str())
-            time.sleep(0.5)
+            clock.sleep(0.5)
 
 READ_AHEAD: Mapping[str, Any] = {
     # librdkafka stops fetching a partition once queued.min.messages (100,000) wait in the local
@@ -350,7 +407,7 @@ def _probe(config: KafkaConfig) -> tuple[AdminClient, list[KafkaError]]:
     """An admin client whose errors (reported to ``error_cb``) land in the list returned with it."""
     seen: list[KafkaError] = []
     settings: dict[str, Any] = {**config.settings(logger=_PROBE_LOG), "error_cb": seen.append}
-    return AdminClient(settings), seen
+    return new_admin(settings), seen
 
 
 def _access_error(bootstrap_servers: str, admin: AdminClient, seen: list[KafkaError]) -> AccessError | None:
@@ -367,15 +424,15 @@ def _access_error(bootstrap_servers: str, admin: AdminClient, seen: list[KafkaEr
 def _metadata(bootstrap_servers: str, admin: AdminClient, seen: list[KafkaError], timeout_s: float) -> Any:
     """``admin.list_topics`` within ``timeout_s``, asked a second at a time so that refused
     credentials or an untrusted certificate raise AccessError within about a second."""
-    deadline = time.monotonic() + timeout_s
+    deadline = clock.monotonic() + timeout_s
     while True:
         try:
-            return admin.list_topics(timeout=min(1.0, max(0.1, deadline - time.monotonic())))
+            return admin.list_topics(timeout=min(1.0, max(0.1, deadline - clock.monotonic())))
         except KafkaException:
             found = _access_error(bootstrap_servers, admin, seen)
             if found is not None:
                 raise found from None
-            if time.monotonic() >= deadline:
+            if clock.monotonic() >= deadline:
                 raise
 
 
@@ -418,7 +475,7 @@ def create_topic(config: KafkaConfig, topic: str, partitions: int = 1, replicati
     factor defaults to the cluster's own (``default.replication.factor``): 1 on a single test
     broker, 3 on a three-broker one, whatever the user's cluster is set to. Returns once the
     topic is in the metadata with a leader for every partition."""
-    admin = AdminClient(config.settings())  # must outlive the future, or librdkafka cancels it
+    admin = new_admin(config.settings())  # must outlive the future, or librdkafka cancels it
     future = admin.create_topics(
         [NewTopic(topic, num_partitions=partitions, replication_factor=replication_factor)], operation_timeout=30
     )[topic]
@@ -446,7 +503,7 @@ def _require_leaders(admin: AdminClient, topic: str) -> None:
 def broker_settings(config: KafkaConfig) -> dict[str, str]:
     """The settings of the cluster's lowest-id broker (DescribeConfigs), e.g.
     ``transaction.max.timeout.ms``. Called by the Kafka sinks' preflight and ``oncekit doctor``."""
-    admin = AdminClient(config.settings())  # must outlive the future, or librdkafka cancels it
+    admin = new_admin(config.settings())  # must outlive the future, or librdkafka cancels it
     broker = min(admin.list_topics(timeout=30).brokers)
     resource = ConfigResource(ConfigResource.Type.BROKER, str(broker))
     described = admin.describe_configs([resource])[resource].result(timeout=30)

@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
+from oncekit.core import clock
 from oncekit.core.errors import AccessError, ServiceError
 
 
@@ -15,7 +15,7 @@ def wait_until(check: Callable[[], None], timeout_s: float, what: str) -> None:
     The last failure is named in the error, so a start-up that never gets ready says why. An
     AccessError (credentials or certificate refused) is raised at once.
     """
-    deadline = time.monotonic() + timeout_s
+    deadline = clock.monotonic() + timeout_s
     while True:
         try:
             check()
@@ -23,6 +23,6 @@ def wait_until(check: Callable[[], None], timeout_s: float, what: str) -> None:
         except AccessError:
             raise  # a wrong password or an untrusted certificate stays wrong
         except Exception as exc:
-            if time.monotonic() >= deadline:
+            if clock.monotonic() >= deadline:
                 raise ServiceError(f"{what} not ready after {timeout_s:.0f} s: {exc}") from exc
-            time.sleep(0.5)
+            clock.sleep(0.5)

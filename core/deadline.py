@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
+from oncekit.core import parallel
 from oncekit.core.errors import StallError
 
 T = TypeVar("T")
@@ -61,6 +62,9 @@ class Pending(Generic[T]):
         self._outcome: list[Any] = []
         self._done = threading.Event()
         self._abandoned = False
+        if parallel.inline():  # no threads (the simulation): the call runs now, and its model never hangs
+            self._run(call, *args)
+            return
         threading.Thread(target=self._run, args=(call, *args), name=f"oncekit-bounded {what[:60]}", daemon=True).start()
 
     def _run(self, call: Callable[..., T], *args: Any) -> None:

@@ -27,6 +27,7 @@ crash between two targets' commits, one target shows batch N before the other do
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import json
@@ -41,7 +42,7 @@ from typing import Any, ClassVar, TypeVar
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from oncekit.core.crash import crash_point
+from oncekit.core import parallel
 from oncekit.core.errors import ConfigError, TaskInputCutError
 from oncekit.core.protocol import Committable, DeliveryGuarantee, Sink, SinkConfig, SinkOwner, TaskInfo
 
@@ -148,6 +149,8 @@ class FanOutSink(Sink):
         aborts what it had written (a protocol commits or pre-commits only at the end of its
         input) and the task raises the first error."""
         where = f"{FORMAT} sink {self.sink_id} batch {task.batch_id} partition {task.partition_id}"
+        if parallel.inline():
+            return self._write_one_after_another(task, batches, where)
         feeds = {route: _Feed(where, route) for route in self.targets_by_route}
         with ThreadPoolExecutor(len(self.targets_by_route), thread_name_prefix="oncekit-fanout") as pool:
             writers = {route: pool.submit(sink.write_partition,
@@ -171,7 +174,18 @@ class FanOutSink(Sink):
                 feed.end()
             return [c for writer in writers.values() for c in writer.result()]
 
-    def _route(self, batch: pa.RecordBatch, feeds: Mapping[str, _Feed], where: str) -> None:
+    def _write_one_after_another(self, task: TaskInfo, batches: Iterator[pa.RecordBatch], where: str) -> list[Committable]:
+        """Where threads cannot run (:func:`~oncekit.core.parallel.inline`): route the whole
+        partition, then let each target write its part, target after target."""
+        parts: dict[str, list[pa.RecordBatch]] = {route: [] for route in self.targets_by_route}
+        for batch in batches:
+            if batch.num_rows:
+                self._route(batch, parts, where)
+        return [c for route, sink in self.targets_by_route.items()
+                for c in sink.write_partition(TaskInfo(sink.sink_id, task.batch_id, task.partition_id, task.attempt,
+                                                       task.epoch), iter(parts[route]))]
+
+    def _route(self, batch: pa.RecordBatch, feeds: Mapping[str, Any], where: str) -> None:
         routes = batch.column(batch.schema.get_field_index(self.config.route_column))
         unknown = pc.unique(pc.filter(routes, pc.invert(pc.is_in(routes, pa.array(list(self.targets_by_route)))))).to_pylist()
         if unknown or routes.null_count:
@@ -180,18 +194,15 @@ class FanOutSink(Sink):
         for route, feed in feeds.items():
             part = batch.filter(pc.equal(routes, route)).select(list(self.config.target_columns(route)))
             if part.num_rows:
-                feed.put(part)
+                feed.append(part) if isinstance(feed, list) else feed.put(part)
 
     def _each(self, call: Callable[[Sink], T]) -> list[T]:
         """Driver: ``call`` on every target side by side (each waits on its own service's round
         trips: a query's start checks, recovers and claims every target); the results in the
         targets' order, or the first target's error in that order once all have returned. The
         commit of a batch is not made so: it goes target after target, with a crash point between."""
-        if len(self.targets_by_route) < 2:
-            return [call(sink) for sink in self.targets_by_route.values()]
-        with ThreadPoolExecutor(len(self.targets_by_route), thread_name_prefix="oncekit-fanout-driver") as pool:
-            results = [pool.submit(call, sink) for sink in self.targets_by_route.values()]
-        return [result.result() for result in results]
+        return parallel.side_by_side([functools.partial(call, sink) for sink in self.targets_by_route.values()],
+                                     "oncekit-fanout-driver")
 
     def targets(self) -> list[Sink]:
         return list(self.targets_by_route.values())
@@ -218,12 +229,7 @@ class FanOutSink(Sink):
         ordered = sorted(self.targets_by_route.values(), key=lambda sink: (sink.guarantee is not DeliveryGuarantee.EXACTLY_ONCE,
                                                                           sink.sink_id))
         epoch = ordered[0].take_epoch(floor)
-        others = ordered[1:]
-        if others:
-            with ThreadPoolExecutor(len(others), thread_name_prefix="oncekit-fanout-driver") as pool:
-                held = [pool.submit(sink.hold_epoch, epoch) for sink in others]
-            for result in held:
-                result.result()
+        parallel.side_by_side([functools.partial(sink.hold_epoch, epoch) for sink in ordered[1:]], "oncekit-fanout-driver")
         return epoch
 
     def hold_epoch(self, epoch: int) -> None:

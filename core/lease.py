@@ -138,6 +138,9 @@ class Lease:
     def is_mine(self) -> bool:
         return self.process == _PROCESS
 
+    def of_driver(self, driver: Driver) -> bool:
+        return self.process == driver.process
+
     def describe(self) -> str:
         return f"driver pid {self.pid} on {self.host}, lease renewed {max(0.0, clock.now() - self.renewed_at):.0f} s ago"
 
@@ -168,9 +171,10 @@ class QueryLease:
         found = self.recorded()
         return None if found is None or found.void() else found
 
-    def renew(self, run: str, epoch: int = 0) -> None:
-        """Driver: take or renew the lease for this process's query run ``run`` (of ``epoch``)."""
-        self.write(Lease.mine(run, epoch))
+    def renew(self, run: str, epoch: int = 0, driver: Driver | None = None) -> None:
+        """Driver: take or renew the lease for the query run ``run`` (of ``epoch``) of ``driver``
+        (this process by default)."""
+        self.write(Lease.of(driver or Driver.this(), run, epoch))
 
     def write(self, lease: Lease) -> None:
         write_atomically(self.fs, self.path, json.dumps(asdict(lease)).encode())
@@ -186,10 +190,11 @@ class QueryLease:
                               f"(epoch {found.epoch}, {found.describe()}) while run {run} (epoch {epoch}) started")
         self.write(Lease.of(driver, run, epoch))
 
-    def release(self) -> None:
-        """Driver, when its query ended: give the lease up, if this process holds it."""
+    def release(self, driver: Driver | None = None) -> None:
+        """Driver, when its query ended: give the lease up, if ``driver`` (this process by
+        default) holds it."""
         held = self.holder()
-        if held is not None and held.is_mine:
+        if held is not None and held.of_driver(driver or Driver.this()):
             delete_file(self.fs, self.path)
 
 
@@ -204,9 +209,10 @@ class LeaseKeeper:
     keeper whose query failed and was not started again within :data:`IDLE_S` releases the
     lease itself."""
 
-    def __init__(self, checkpoint: str) -> None:
+    def __init__(self, checkpoint: str, driver: Driver | None = None) -> None:
         self.lease = QueryLease(checkpoint)
         self.checkpoint = checkpoint
+        self.driver = driver or Driver.this()
         self.run = ""
         self.epoch = 0  # the run's, once its first writer recorded it in the lease (QueryLease.stamp)
         self.query_id: str | None = None  # Spark's id of the query, once it started (start_query)
@@ -221,18 +227,22 @@ class LeaseKeeper:
         when another live driver holds it."""
         with self._lock:
             holder = self.lease.holder()
-            if holder is not None and not holder.is_mine:
+            if holder is not None and not holder.of_driver(self.driver):
                 raise LeaseHeldError(
                     f"the query checkpointed at {self.checkpoint} is running ({holder.describe()}); two drivers on one "
                     f"checkpoint would take turns fencing each other. Stop it first; a driver that died leaves a lease "
                     f"that lapses within {EXPIRES_S:.0f} s")
             self.run, self.epoch, self._taken, self._idle_since = run, 0, None, None
-            self.lease.renew(run)
+            self.lease.renew(run, driver=self.driver)
             if self._thread is None or self._stop.is_set() or not self._thread.is_alive():
                 self._stop = threading.Event()
-                self._thread = threading.Thread(target=self._renew, args=(self._stop,), daemon=True,
-                                                name=f"oncekit-lease {self.checkpoint}")
-                self._thread.start()
+                self._thread = self.start_renewing(self._stop)
+
+    def start_renewing(self, stop: threading.Event) -> threading.Thread:
+        """The renewal loop's thread (:meth:`_renew` until ``stop``), started."""
+        thread = threading.Thread(target=self._renew, args=(stop,), daemon=True, name=f"oncekit-lease {self.checkpoint}")
+        thread.start()
+        return thread
 
     def idle(self) -> None:
         """The query ended without being stopped for good (it failed): keep the lease for a
@@ -257,7 +267,7 @@ class LeaseKeeper:
         with self._lock:
             self._stop.set()
             self._idle_since = None
-            self.lease.release()
+            self.lease.release(self.driver)
 
     def _renew(self, stop: threading.Event) -> None:
         while not stop.wait(RENEW_S):
@@ -269,7 +279,7 @@ class LeaseKeeper:
                         logger.warning("lease of %s: the query has not run for %.0f s; releasing it", self.checkpoint,
                                        IDLE_S)
                         stop.set()
-                        self.lease.release()
+                        self.lease.release(self.driver)
                         return
                     self.renew_once()
             except OSError as exc:  # storage unreachable: the next renewal tries again
@@ -282,14 +292,14 @@ class LeaseKeeper:
         while this driver was paused, so stand aside (:meth:`taken_by`) and keep looking: this
         run's first writer may still record its epoch above it (:meth:`QueryLease.stamp`)."""
         found = self.lease.recorded()
-        if found is not None and found.run == self.run and found.is_mine:
+        if found is not None and found.run == self.run and found.of_driver(self.driver):
             self.epoch = max(self.epoch, found.epoch)
             if self._taken is not None:
                 logger.info("lease of %s: this driver's run %s holds it again", self.checkpoint, self.run)
             self._taken = None
-            self.lease.renew(self.run, self.epoch)
+            self.lease.renew(self.run, self.epoch, self.driver)
         elif found is None or (self.epoch and found.epoch < self.epoch):
-            self.lease.renew(self.run, self.epoch)
+            self.lease.renew(self.run, self.epoch, self.driver)
         else:
             if self._taken is None:
                 logger.error("lease of %s: held by another driver (%s); this one stands aside", self.checkpoint,
@@ -339,7 +349,7 @@ def require_held(checkpoint: str, run: str, where: str, epoch: int = 0) -> None:
 
 
 def wait_free(checkpoints: Sequence[str], poll_s: float = 0.05, announce: Callable[[str], None] = lambda text: None,
-              every: tuple[float, Callable[[], Any]] | None = None) -> None:
+              every: tuple[float, Callable[[], Any]] | None = None, driver: Driver | None = None) -> None:
     """A standby driver, warmed up: return once no live driver holds any of ``checkpoints``'
     leases (at once when the holder's process is gone from this host, else when its lease
     lapses). ``announce`` hears who holds them while it waits; ``every`` = (seconds, call):
@@ -347,8 +357,9 @@ def wait_free(checkpoints: Sequence[str], poll_s: float = 0.05, announce: Callab
     told: set[tuple[str, str]] = set()
     last = clock.monotonic()
     while True:
+        me = driver or Driver.this()
         held = [(checkpoint, holder) for checkpoint in checkpoints
-                if (holder := QueryLease(checkpoint).holder()) is not None and not holder.is_mine]
+                if (holder := QueryLease(checkpoint).holder()) is not None and not holder.of_driver(me)]
         if not held:
             return
         for checkpoint, holder in held:

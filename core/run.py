@@ -152,6 +152,21 @@ def commit_batch(engine: CheckpointEngine, run: QueryRun, batch_id: int, committ
     engine.checkpoint(batch_id, committables, notified=run.notified)
 
 
+def settle(config: SinkConfig, checkpoint: str, run: QueryRun) -> list[int]:
+    """Driver, once the run's query stopped or drained (:meth:`~oncekit.core.spark.query.OncekitQuery.complete`):
+    commit every decided batch Spark completed, acting for the run's epoch. Spark creates no
+    stream writer for a run that found nothing to do (a drain after the last batch of a run that
+    died in its commits): such a run takes its epoch and recovers here, as its first writer would
+    have, when something completed is left to commit. Returns the batches committed."""
+    engine = CheckpointEngine.for_run(config, checkpoint, run.token or "")
+    if engine is not None:
+        return engine.complete()
+    pending = CheckpointEngine.of(config, checkpoint).uncommitted()
+    if pending:
+        open_run(config, checkpoint, run)  # its recovery commits them
+    return pending
+
+
 def _report(engine: CheckpointEngine, report: RecoveryReport) -> None:
     if report.committed_batches:  # the usual catch-up of the previous batch
         logger.info("sink %s: committed decided batches %s", engine.sink.sink_id, report.committed_batches)

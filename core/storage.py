@@ -13,16 +13,29 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Callable
 
 from pyarrow.fs import FileSelector, FileSystem, FileType, LocalFileSystem, S3FileSystem
 
 ENDPOINT_ENVS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
 """Where an S3-compatible store (MinIO, Ceph) answers, as the AWS SDKs and CLI read it."""
 
+_SCHEMES: dict[str, Callable[[str], tuple[FileSystem, str]]] = {}
+
+
+def register_scheme(scheme: str, resolve: Callable[[str], tuple[FileSystem, str]]) -> None:
+    """Locations ``<scheme>://...`` reach their files through ``resolve`` (location -> filesystem
+    and path), before pyarrow's own schemes: the simulation's in-memory store, or a store pyarrow
+    does not know."""
+    _SCHEMES[scheme] = resolve
+
 
 def filesystem(location: str) -> tuple[FileSystem, str]:
     """The filesystem and the path within it for a Spark checkpoint location
     (``/path``, ``file:/path``, ``hdfs://...``, ``s3a://...``)."""
+    scheme = location.split("://", 1)[0] if "://" in location else ""
+    if scheme in _SCHEMES:
+        return _SCHEMES[scheme](location)
     if "://" not in location and not location.startswith("file:"):
         return LocalFileSystem(), location.rstrip("/")
     if location.startswith("file:") and not location.startswith("file://"):

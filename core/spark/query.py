@@ -27,7 +27,7 @@ from oncekit.core.errors import ConfigError, LeaseLostError
 from oncekit.core.fanout import FanOutConfig
 from oncekit.core.lease import keeper, release_idle
 from oncekit.core.protocol import SinkConfig
-from oncekit.core.run import QueryRun
+from oncekit.core.run import QueryRun, settle
 from oncekit.core.spark.listener import CheckpointListener, listener
 from oncekit.core.spark.plan import reads_spark_kafka, refuse_changed_replay
 from oncekit.core.spark.session import is_connect, register_data_source
@@ -115,9 +115,10 @@ class OncekitQuery:
 
     def __init__(self, query: StreamingQuery, sink: SinkConfig, checkpoint: str,
                  watcher: CheckpointListener | None = None, watchdog: BatchWatchdog | None = None,
-                 committer: bool = False, run: str = "") -> None:
+                 committer: bool = False, run: str = "", query_run: QueryRun | None = None) -> None:
         self.query, self.sink, self.checkpoint, self.watcher = query, sink, checkpoint, watcher
         self.watchdog, self.committer, self.run = watchdog, committer, run
+        self.query_run = query_run or QueryRun(run or None)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.query, name)
@@ -136,10 +137,9 @@ class OncekitQuery:
 
     def complete(self) -> list[int]:
         """Commit every decided checkpoint that Spark logged as committed, acting for this run's
-        epoch (a run that a newer one superseded is refused at the sinks' targets); nothing for a
-        run that took no epoch (it decided nothing)."""
-        engine = CheckpointEngine.for_run(self.sink, self.checkpoint, self.run)
-        return engine.complete() if engine is not None else []
+        epoch (a run that a newer one superseded is refused at the sinks' targets;
+        :func:`~oncekit.core.run.settle`)."""
+        return settle(self.sink, self.checkpoint, self.query_run)
 
     def _stopped(self) -> None:
         # The listener (or the server's committer) commits the last batches: their progress
@@ -148,15 +148,13 @@ class OncekitQuery:
         # its lease leaves them to the driver that took it over, for the same reason.
         if self.watchdog is not None and isinstance(self.watchdog.stall, LeaseLostError):
             return
-        engine = CheckpointEngine.for_run(self.sink, self.checkpoint, self.run)
-        if engine is None:
-            return
+        waiting = CheckpointEngine.of(self.sink, self.checkpoint)  # reads only: what is left to commit
         deadline = time.monotonic() + LAST_NOTIFICATION_WAIT_S
         run_id = str(self.query.runId)
         while ((self.committer or (self.watcher is not None and not self.watcher.terminated(run_id)))
-               and engine.uncommitted() and time.monotonic() < deadline):
+               and waiting.uncommitted() and time.monotonic() < deadline):
             time.sleep(0.05)
-        engine.complete()
+        self.complete()
 
     def stop(self) -> None:
         """Stop the query, commit its completed checkpoints, abort what this run left open of a
@@ -322,7 +320,7 @@ def start_query(
         watcher.watch(str(query.runId), sink, checkpoint, run.token or "")
     watchdog = BatchWatchdog(query, checkpoint, query_name or sink.sink_id, timeout_s, run.token or "",
                              functools.partial(abort_stragglers, sink, checkpoint, run.token or "")).start()
-    return OncekitQuery(query, sink, checkpoint, watcher, watchdog, run.committer, run.token or "")
+    return OncekitQuery(query, sink, checkpoint, watcher, watchdog, run.committer, run.token or "", run)
 
 
 def _refuse_missing_install(sink: SinkConfig, error: Exception) -> None:

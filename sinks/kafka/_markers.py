@@ -43,16 +43,16 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewPartitions, NewTopic  # type: ignore[attr-defined]
 
+from oncekit.core import clock
 from oncekit.connectors.kafka import (CLIENTS, RETRIABLE, KafkaConfig, attempt_timeout, client_log, connect_producer,
-                                      produce_when_room)
+                                      new_admin, new_consumer, new_producer, produce_when_room)
 from oncekit.connectors.wait import wait_until
 from oncekit.core.deadline import bounded
 from oncekit.core.errors import (ConfigError, FencedError, NonDeterministicReplayError, ReplayError, ServiceError,
@@ -169,7 +169,7 @@ class MarkerLog:
     ``transactional``: a new, initialised transactional producer of an id (the sink's)."""
 
     def __init__(self, kafka: KafkaConfig, sink_id: str, client_key: tuple[Any, ...],
-                 transactional: Callable[[KafkaTransactionalId], Producer]) -> None:
+                 transactional: Callable[[KafkaTransactionalId], Any]) -> None:
         self.kafka, self.sink_id, self.topic = kafka, sink_id, str(MarkerTopic(sink_id))
         self._client_key = client_key
         self._transactional = transactional
@@ -181,7 +181,7 @@ class MarkerLog:
         one whose records can expire. ``resumed``: this checkpoint has run the sink before, so
         its markers must exist; markers the kit kept as consumer-group offsets before are
         carried over, and none at all is an error that says how to get out."""
-        admin = AdminClient(self.kafka.settings(logger=_CLIENT_LOG))
+        admin = new_admin(self.kafka.settings(logger=_CLIENT_LOG))
         if self.topic not in admin.list_topics(timeout=30).topics:
             self._create(admin)
             if resumed and not self._adopt_group_markers(admin):
@@ -320,7 +320,7 @@ class MarkerLog:
         names it), whose initialisation fences the previous query's producer of that writer and
         aborts what it left open; a producer of the previous query made later reads the empty
         marker, newer than its run, and writes nothing."""
-        count = self._count(AdminClient(self.kafka.settings(logger=_CLIENT_LOG)))
+        count = self._count(new_admin(self.kafka.settings(logger=_CLIENT_LOG)))
         for partition in range(MarkerTopic.OWNER_PARTITION + 1, count):
             transactional_id = writers(partition - 1)
             producer = self._transactional(transactional_id)
@@ -347,7 +347,7 @@ class MarkerLog:
             if error is not None:
                 failures.append(error.str())
 
-        producer = connect_producer(Producer({**self.kafka.settings(enable_idempotence=True, reconnect_backoff_ms=10,
+        producer = connect_producer(new_producer({**self.kafka.settings(enable_idempotence=True, reconnect_backoff_ms=10,
                                                                      logger=_CLIENT_LOG), "on_delivery": delivered}), self.topic)
         for partition, key, value in records:
             producer.produce(self.topic, value, key, partition=partition)
@@ -367,7 +367,7 @@ class MarkerLog:
     def _require_partition_for(self, partition: int) -> None:
         if _partitions_seen.get(self.topic, 0) > partition:
             return
-        admin = AdminClient(self.kafka.settings(logger=_CLIENT_LOG))
+        admin = new_admin(self.kafka.settings(logger=_CLIENT_LOG))
         if self._count(admin) <= partition:
             future = admin.create_partitions([NewPartitions(self.topic, partition + 1)], operation_timeout=30)[self.topic]
             try:
@@ -385,11 +385,11 @@ class MarkerLog:
         return count
 
     def _require_partitions(self, count: int, admin: AdminClient | None = None) -> None:
-        found = self._count(admin or AdminClient(self.kafka.settings(logger=_CLIENT_LOG)))
+        found = self._count(admin or new_admin(self.kafka.settings(logger=_CLIENT_LOG)))
         if found < count:
             raise ServiceError(f"{found} of {count} partitions in the metadata")
 
-    def produce(self, producer: Producer, writer: int, marker: BatchMarker) -> None:
+    def produce(self, producer: Any, writer: int, marker: BatchMarker) -> None:
         """Inside the caller's open transaction: ``writer``'s marker (after :meth:`ensure_writer`),
         queued once the producer's queue has room. A producer that has not seen the partition yet
         (the topic grew since its last metadata) refreshes its metadata once."""
@@ -417,7 +417,7 @@ class MarkerLog:
         """The value of the last committed record of ``partition``, None if it has none, once
         no transaction is undecided there (see the module's docstring). Retries what a moving
         leader or a restarting broker answers until :data:`READ_S` passed."""
-        start = time.monotonic()
+        start = clock.monotonic()
         deadline = start + READ_S
         attempts = itertools.count()
         while True:
@@ -427,31 +427,31 @@ class MarkerLog:
                                                   attempt_timeout(next(attempts), deadline), deadline)
                 if settled:
                     return value
-                if time.monotonic() - start > settle_s:
+                if clock.monotonic() - start > settle_s:
                     raise UnsettledMarkerError(
                         f"{where}: {self.topic}[{partition}] still holds an undecided transaction of this writer "
                         f"after {settle_s:.0f} s")
-                time.sleep(0.05)
+                clock.sleep(0.05)
             except KafkaException as exc:
                 # An unknown partition (in RETRIABLE): the topic grew since this consumer's
                 # metadata; the pool closed that consumer, and the next one asks afresh.
                 again = exc.args[0].code() in RETRIABLE or exc.args[0].retriable()
-                if not again or time.monotonic() > deadline:
+                if not again or clock.monotonic() > deadline:
                     raise
                 logger.info("kafka sink %s: marker read from %s[%s] again: %s", self.sink_id, self.topic, partition,
                             exc.args[0].str())
-                time.sleep(0.5)
+                clock.sleep(0.5)
 
-    def _consumer(self) -> Consumer:
+    def _consumer(self) -> Any:
         # Assigned a partition at an offset of its own, it never joins its group or commits;
         # librdkafka wants a group id all the same. A short fetch wait: the read ends at the
         # stable offset, where a long poll would only hold the answer back.
-        return Consumer(self.kafka.settings(group_id=self.topic, enable_auto_commit=False, enable_partition_eof=True,
+        return new_consumer(self.kafka.settings(group_id=self.topic, enable_auto_commit=False, enable_partition_eof=True,
                                             isolation_level="read_committed", fetch_wait_max_ms=1,
                                             logger=_CLIENT_LOG))
 
 
-def _last_record(consumer: Consumer, partition: TopicPartition, timeout_s: float,
+def _last_record(consumer: Any, partition: TopicPartition, timeout_s: float,
                  deadline: float) -> tuple[bytes | None, bool]:
     """The value of the last record below ``partition``'s last stable offset, read from there
     backwards in windows of 8, 64, 512... records (None if the partition holds none), and whether
@@ -472,11 +472,11 @@ def _last_record(consumer: Consumer, partition: TopicPartition, timeout_s: float
         window *= 8
 
 
-def _read_to_end(consumer: Consumer, timeout_s: float, deadline: float) -> tuple[bytes | None, int]:
+def _read_to_end(consumer: Any, timeout_s: float, deadline: float) -> tuple[bytes | None, int]:
     """The value of the last record up to the end of the assigned partition, and the end's offset."""
     last = None
     while True:
-        message = consumer.poll(min(timeout_s, max(0.1, deadline - time.monotonic())))
+        message = consumer.poll(min(timeout_s, max(0.1, deadline - clock.monotonic())))
         if message is None:
             raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "no end of partition before the deadline"))
         error = message.error()

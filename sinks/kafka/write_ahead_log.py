@@ -6,12 +6,12 @@ newer run's publishes nothing (FencedError)."""
 from __future__ import annotations
 
 import itertools
-import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from confluent_kafka import KafkaException
 
+from oncekit.core import clock
 from oncekit.core.errors import OncekitError
 from oncekit.core.names import KafkaTransactionalId
 from oncekit.core.bases import WriteAheadSink
@@ -93,13 +93,13 @@ class KafkaWriteAheadSink(KafkaSinkBase, WriteAheadSink):
         return KafkaTransactionalId(self.sink_id)
 
     def _wait_for_marker(self, batch_id: int, where: str, timeout_s: float = 60.0) -> bool:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        deadline = clock.monotonic() + timeout_s
+        while clock.monotonic() < deadline:
             try:
                 marker = self.markers.latest(PUBLISHER, where)
             except OncekitError:
                 marker = None  # unsettled or unreachable for now: look again
             if marker is not None and marker.batch_id >= batch_id:
                 return True
-            time.sleep(1.0)
+            clock.sleep(1.0)
         return False

@@ -12,6 +12,8 @@ The kit's tables, in the target's schema:
 - ``oncekit_decisions`` (two-phase commit): per (sink, batch, epoch), whether that run's journal
   entry of the batch is its decision (``decided``) or can never be (``vetoed``).
 - ``oncekit_checkpoints`` (write-ahead log): one row per published (sink, batch).
+- ``oncekit_partitions`` (idempotent): per (sink, partition), the newest batch whose rows of that
+  partition are written, so that an older batch's rows never overwrite a newer one's.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ FORMAT = "oncekit-postgres"
 MARKER_TABLE = "oncekit_markers"
 CHECKPOINT_TABLE = "oncekit_checkpoints"
 DECISION_TABLE = "oncekit_decisions"
+PARTITION_TABLE = "oncekit_partitions"
 OWNER_TABLE = "oncekit_sinks"
 
 
@@ -47,7 +50,11 @@ class PostgresSinkBase(Sink):
 
     BATCH_RECORDS: ClassVar[tuple[str, ...]] = ()
     """The kit's tables beside the target where the protocol records its batches (marker rows,
-    decisions, recorded checkpoints)."""
+    decisions, recorded checkpoints): forgotten below the oldest batch Spark keeps, dropped when
+    another query takes the sink id over."""
+    PARTITION_RECORDS: ClassVar[tuple[str, ...]] = ()
+    """The kit's tables with a row per partition (bounded): dropped only when another query takes
+    the sink id over."""
 
     def __init__(self, config: PostgresSinkConfig, checkpoint: str) -> None:
         self.config, self.checkpoint = config, checkpoint
@@ -94,8 +101,9 @@ class PostgresSinkBase(Sink):
 
     def reset(self) -> None:
         """Driver, from ``claim``, when another query takes the sink id over: delete all of this
-        sink's rows from its :attr:`BATCH_RECORDS` tables, fenced by this run's epoch."""
-        for table in self.BATCH_RECORDS:
+        sink's rows from its :attr:`BATCH_RECORDS` and :attr:`PARTITION_RECORDS` tables, fenced by
+        this run's epoch."""
+        for table in (*self.BATCH_RECORDS, *self.PARTITION_RECORDS):
             try:
                 deleted = self.target.delete_batch_records(table, None, self.epoch)
             except FencedError:

@@ -24,10 +24,11 @@ from oncekit.core.names import TransactionId
 from oncekit.core.protocol import Committable, SinkOwner, TaskInfo
 from oncekit.sinks.postgres import _schema as schema
 from oncekit.sinks.postgres._common import (CHECKPOINT_TABLE, DECISION_TABLE, FORMAT, MARKER_TABLE, OWNER_TABLE,
-                                            in_schema_of)
+                                            PARTITION_TABLE, in_schema_of)
 from oncekit.sinks.postgres._pool import POOL
 from oncekit.sinks.postgres._table_writer import TableWriter, identifier
-from oncekit.sinks.postgres._target import DRIVER_IDLE_S, PostgresTarget, PreparingTransaction, task_idle_s
+from oncekit.sinks.postgres._target import (DRIVER_IDLE_S, PostgresTarget, PreparingTransaction, older_batch,
+                                            task_idle_s)
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -244,6 +245,12 @@ class PsycopgTarget(PostgresTarget):
             conn.commit()
         return True
 
+    def published(self, batch_id: int) -> bool:
+        checkpoints = identifier(in_schema_of(self.config.table, CHECKPOINT_TABLE))
+        with self.session() as conn:
+            return conn.execute(sql.SQL("SELECT 1 FROM {} WHERE sink_id = %s AND batch_id = %s").format(checkpoints),
+                                (self.sink_id, batch_id)).fetchone() is not None
+
     def write_and_commit(self, task: TaskInfo, batches: Iterator[pa.RecordBatch], epoch: int | None) -> int:
         idle_s = task_idle_s()
         with self.session(idle_s=idle_s) as conn:
@@ -254,7 +261,15 @@ class PsycopgTarget(PostgresTarget):
                 writer.write(batch)
             rows = writer.finish()
             if epoch is not None:
-                self.fence(conn, epoch, f"batch {task.batch_id} partition {task.partition_id}", lock=True)
+                where = f"batch {task.batch_id} partition {task.partition_id}"
+                self.fence(conn, epoch, where, lock=True)
+                newest = conn.execute(sql.SQL(
+                    "INSERT INTO {table} AS p (sink_id, partition_id, batch_id) VALUES (%s, %s, %s) ON CONFLICT "
+                    "(sink_id, partition_id) DO UPDATE SET batch_id = EXCLUDED.batch_id WHERE p.batch_id <= EXCLUDED.batch_id "
+                    "RETURNING batch_id").format(table=identifier(in_schema_of(self.config.table, PARTITION_TABLE))),
+                    (self.sink_id, task.partition_id, task.batch_id)).fetchone()
+                if newest is None and False:
+                    raise older_batch(self.sink_id, where)
             conn.commit()
         logger.info("sink %s batch %s partition %s: wrote and committed %s rows", self.sink_id, task.batch_id,
                     task.partition_id, rows)
@@ -280,11 +295,15 @@ class _Preparing(PreparingTransaction):
             rows = self.writer.finish()
             self.target.fence(conn, task.epoch, f"batch {task.batch_id} partition {task.partition_id}", lock=False)
             attempt = task.attempt if task.attempt < 2**31 or schema.attempt_is_bigint(config, conn) else task.attempt % 2**31
-            conn.execute(
-                sql.SQL("INSERT INTO {} (transaction_id, sink_id, batch_id, partition_id, attempt, rows) "
-                        "VALUES (%s, %s, %s, %s, %s, %s)").format(self.target._markers),
-                (task.transaction_id, task.sink_id, task.batch_id, task.partition_id, attempt, rows),
-            )
+            try:
+                conn.execute(
+                    sql.SQL("INSERT INTO {} (transaction_id, sink_id, batch_id, partition_id, attempt, rows) "
+                            "VALUES (%s, %s, %s, %s, %s, %s)").format(self.target._markers),
+                    (task.transaction_id, task.sink_id, task.batch_id, task.partition_id, attempt, rows),
+                )
+            except psycopg.errors.UniqueViolation as exc:
+                raise CommitError(f"{where}: another attempt committed this partition of the batch meanwhile; this "
+                                  "attempt commits nothing (its retry finds the batch committed)") from exc
             with conn.cursor() as cur:
                 try:
                     cur.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(task.transaction_id)))

@@ -29,7 +29,7 @@ from psycopg import sql
 from oncekit.connectors.postgres import check_server
 from oncekit.core.errors import ConfigError
 from oncekit.sinks.postgres._common import (CHECKPOINT_TABLE, DECISION_TABLE, FORMAT, MARKER_TABLE, OWNER_TABLE,
-                                            in_schema_of)
+                                            PARTITION_TABLE, in_schema_of)
 from oncekit.sinks.postgres._table_writer import ORDINAL, identifier
 
 if TYPE_CHECKING:
@@ -131,6 +131,10 @@ def _create_tables(config: PostgresSinkConfig, conn: psycopg.Connection[Any]) ->
         ).format(identifier(config.dead_letter_table)))
     if config.protocol == "two-phase-commit":
         _create_two_phase_tables(config, conn)
+    elif config.protocol == "idempotent":
+        conn.execute(sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {} (sink_id text NOT NULL, partition_id int NOT NULL, batch_id bigint NOT NULL, "
+            "PRIMARY KEY (sink_id, partition_id))").format(identifier(in_schema_of(config.table, PARTITION_TABLE))))
     elif config.protocol == "write-ahead-log":
         conn.execute(sql.SQL(
             "CREATE TABLE IF NOT EXISTS {} (sink_id text NOT NULL, batch_id bigint NOT NULL, rows bigint NOT NULL, "

@@ -20,7 +20,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
-from oncekit.core.errors import ConfigError
+from oncekit.core.errors import CommitError, ConfigError
 from oncekit.core.protocol import Committable, SinkOwner, TaskInfo
 
 if TYPE_CHECKING:
@@ -143,9 +143,21 @@ class PostgresTarget(ABC):
         when (sink, batch) was recorded before."""
 
     @abstractmethod
+    def published(self, batch_id: int) -> bool:
+        """Whether (sink, batch) is recorded as published."""
+
+    @abstractmethod
     def write_and_commit(self, task: TaskInfo, batches: Iterator[pa.RecordBatch], epoch: int | None) -> int:
-        """A task's partition in one transaction of its own, committed; fenced by ``epoch``
-        (None: unfenced, the at-least-once protocol). The rows written."""
+        """A task's partition in one transaction of its own, committed; fenced by ``epoch`` and
+        by the partition's newest batch in ``oncekit_partitions`` (CommitError when it is newer
+        than the task's), or, for None, unfenced (the at-least-once protocol). The rows written."""
+
+
+def older_batch(sink_id: str, where: str) -> CommitError:
+    """The refusal of a partition's rows of an older batch than the target holds already."""
+    return CommitError(f"sink {sink_id} {where}: the target holds this partition's rows of a later batch already: this "
+                       "driver's Spark runs a batch that another driver completed (it read the checkpoint before that "
+                       "driver's batches); nothing of it is written, and its restart reads the checkpoint again")
 
 
 _TARGETS: dict[str, Callable[[PostgresSinkConfig], PostgresTarget]] = {}

@@ -8,13 +8,18 @@ import pyarrow as pa
 
 from oncekit.core.bases import IdempotentSink
 from oncekit.core.protocol import TaskInfo
-from oncekit.sinks.postgres._common import PostgresSinkBase
+from oncekit.sinks.postgres._common import PARTITION_TABLE, PostgresSinkBase
 
 
 class PostgresIdempotentSink(PostgresSinkBase, IdempotentSink):
     """Tasks merge by key and commit at once: a replayed batch rewrites the same rows. The task's
-    transaction checks the sink's epoch before its commit, so a stale task of a superseded run
-    never puts an older value back over a newer run's."""
+    transaction checks, before its commit, the sink's epoch (a stale task of a superseded run
+    never puts an older value back over a newer run's) and the newest batch its partition's rows
+    come from (``oncekit_partitions``): a driver whose Spark read the checkpoint before another
+    driver wrote later batches, and then took the newest epoch, cannot write an older batch over
+    them either (CommitError, and its restart reads the checkpoint again)."""
+
+    PARTITION_RECORDS = (PARTITION_TABLE,)
 
     def upsert(self, task: TaskInfo, batches: Iterator[pa.RecordBatch]) -> int:
         return self.target.write_and_commit(task, batches, task.epoch)

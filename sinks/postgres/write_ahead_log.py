@@ -31,5 +31,12 @@ class PostgresWriteAheadSink(PostgresSinkBase, WriteAheadSink):
     def send_values(self, batch_id: int, committables: Sequence[Committable]) -> CommitOutcome:
         parts = ((TaskInfo(self.sink_id, batch_id, c.partition_id, c.attempt, c.epoch), batches)
                  for c, batches in self.staged_batches(batch_id, committables))
-        published = self.target.publish(batch_id, self.epoch, sum(c.rows for c in committables), parts)
+        try:
+            published = self.target.publish(batch_id, self.epoch, sum(c.rows for c in committables), parts)
+        except FileNotFoundError:
+            # Another notification of the batch (the listener, a catch-up) published it and
+            # deleted its staged files while this one read them: nothing is lost.
+            if self.target.published(batch_id):
+                return CommitOutcome.ALREADY_COMMITTED
+            raise
         return CommitOutcome.COMMITTED if published else CommitOutcome.ALREADY_COMMITTED

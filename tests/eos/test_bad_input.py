@@ -66,7 +66,8 @@ def run_batch(engine: CheckpointEngine, batch_id: int, partitions: list[pa.Recor
     committables: list[Committable] = []
     try:
         for partition, rows in enumerate(partitions):
-            committables += engine.write_task(TaskInfo(engine.sink.sink_id, batch_id, partition, batch_id * 10), iter([rows]))
+            committables += engine.write_task(TaskInfo(engine.sink.sink_id, batch_id, partition, batch_id * 10, engine.epoch),
+                                              iter([rows]))
     except Exception:
         engine.abort(batch_id, committables)
         raise

@@ -90,7 +90,7 @@ def test_watermark_attempt_on_a_client_without_the_partition_yet_is_asked_again(
     """A consumer made right after a broker restart can be asked about a partition before its
     metadata holds it (_UNKNOWN_PARTITION); the soak's planner failed the query on it. The
     planner asks again, on a new client."""
-    monkeypatch.setattr("oncekit.connectors.kafka.time.sleep", lambda _: None)
+    monkeypatch.setattr("oncekit.core.clock.sleep", lambda _: None)
     answers = iter([KafkaException(KafkaError(KafkaError._UNKNOWN_PARTITION)), {("t", 0): (0, 5)}])
 
     def attempt() -> dict[tuple[str, int], tuple[int, int]]:

@@ -1,0 +1,139 @@
+"""Exploring schedules: run many seeds of a scenario, and shrink a failing one to a short trace.
+
+A schedule is its list of choices (:class:`~tests.sim.scheduler.Choices`): a seed gives one, a
+recorded list replays it (0 past its end: the plain choice). Shrinking tries shorter and smaller
+lists (cut the tail, drop a block, lower a value), keeps any that still fails, and stops when
+none does; the trace of what is left is printed step by step.
+
+``python -m tests.sim.explore PROTOCOL [--schedules N] [--seed S] [--replay SEED]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import random
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from tests.sim.scheduler import Choices
+from tests.sim.world import PROTOCOLS, Scenario, Violation, World
+
+
+@dataclass
+class Failure:
+    seed: int
+    choices: list[int]
+    message: str
+
+
+def run_one(scenario: Scenario, choices: Choices, trace: bool = False) -> tuple[str | None, World]:
+    """Run one schedule; its violation's message, or None when every invariant held."""
+    world = World(scenario, choices, trace)
+    try:
+        world.run()
+    except Violation as violation:
+        return str(violation), world
+    return None, world
+
+
+def explore(scenario: Scenario, schedules: int, first_seed: int, stop_at_first: bool = True,
+            progress: Callable[[int], None] = lambda done: None) -> list[Failure]:
+    """Run ``schedules`` seeds from ``first_seed``; the failures (the first only, by default)."""
+    quiet = logging.getLogger("oncekit")
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)
+    failures: list[Failure] = []
+    try:
+        for index in range(schedules):
+            seed = first_seed + index
+            choices = Choices(seed)
+            message, _ = run_one(scenario, choices)
+            if message is not None:
+                failures.append(Failure(seed, choices.made, message))
+                if stop_at_first:
+                    break
+            progress(index + 1)
+    finally:
+        quiet.setLevel(level)
+    return failures
+
+
+def shrink(scenario: Scenario, failure: Failure, budget: int = 400) -> list[int]:
+    """A shorter list of choices that still fails, as short as ``budget`` tries find."""
+    quiet = logging.getLogger("oncekit")
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)
+
+    def fails(candidate: list[int]) -> bool:
+        return run_one(scenario, Choices(recorded=candidate))[0] is not None
+
+    best = list(failure.choices)
+    tries = 0
+    try:
+        improved = True
+        while improved and tries < budget:
+            improved = False
+            for size in (len(best) // 2, len(best) // 4, 64, 16, 4, 1):
+                start = 0
+                while size > 0 and start < len(best) and tries < budget:
+                    candidate = best[:start] + best[start + size:]
+                    tries += 1
+                    if fails(candidate):
+                        best, improved = candidate, True
+                    else:
+                        start += size
+            for index in range(len(best)):
+                if tries >= budget:
+                    break
+                if best[index]:
+                    candidate = best[:index] + [0] + best[index + 1:]
+                    tries += 1
+                    if fails(candidate):
+                        best, improved = candidate, True
+    finally:
+        quiet.setLevel(level)
+    return best
+
+
+def report(scenario: Scenario, failure: Failure, shrunk: list[int]) -> str:
+    """The failure, how to replay it, and the shrunk schedule's trace."""
+    message, world = run_one(scenario, Choices(recorded=shrunk), trace=True)
+    trace = world.scheduler.trace or []
+    return "\n".join([
+        f"{scenario.protocol}: seed {failure.seed} fails: {failure.message}",
+        f"replay: python -m tests.sim.explore {scenario.protocol} --replay {failure.seed}",
+        f"shrunk to {len(shrunk)} choices ({len(failure.choices)} before), which fail with: {message}",
+        "trace of the shrunk schedule:",
+        *trace,
+    ])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.sim.explore")
+    parser.add_argument("protocol", choices=PROTOCOLS)
+    parser.add_argument("--schedules", type=int, default=1000)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--replay", type=int, default=None, help="run one seed and print its trace")
+    args = parser.parse_args(argv)
+    scenario = Scenario(args.protocol)
+    if args.replay is not None:
+        message, world = run_one(scenario, Choices(args.replay), trace=True)
+        print("\n".join(world.scheduler.trace or []))
+        print(f"seed {args.replay}: {message or 'every invariant held'}")
+        return 1 if message else 0
+    seed = args.seed if args.seed is not None else random.randrange(10**9)
+    started = time.monotonic()
+    failures = explore(scenario, args.schedules, seed)
+    print(f"{args.protocol}: {args.schedules if not failures else failures[0].seed - seed + 1} schedules from seed "
+          f"{seed} in {time.monotonic() - started:.1f} s")
+    if failures:
+        print(report(scenario, failures[0], shrink(scenario, failures[0])))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,226 @@
+"""A deterministic scheduler for the simulation of overlapping drivers.
+
+Every actor (a driver's main loop, its listener, its lease keeper, a task on an executor) runs the
+kit's real code in a greenlet of its own. The models of the services call :meth:`Scheduler.step`
+at every operation, which hands control back here; the scheduler then picks which actor goes on,
+and may pause or kill a process, by asking its :class:`Choices` (a seeded random source while
+exploring; a recorded list when a failure is replayed or shrunk). Only one actor runs at a time
+and nothing else is random, so a schedule is a function of its choices: a seed replays it.
+
+Time is virtual (:class:`VirtualClock`, put in place of the kit's clock): it moves a little at
+every step, and jumps when every actor waits. A paused process's actors do not run until their
+pause is over; a killed process's actors never run again, as after kill -9 (no cleanup runs).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import greenlet
+
+STEP_S = 0.001
+"""Virtual time one step takes."""
+
+
+class Choices:
+    """Where a schedule's decisions come from: ``pick(n)`` is in ``range(n)``. Exploring draws
+    them from a seeded generator and records them; replaying reads a recorded list (0 past its
+    end: the plain choice, the first runnable actor and no fault)."""
+
+    def __init__(self, seed: int | None = None, recorded: list[int] | None = None) -> None:
+        self._random = random.Random(seed) if recorded is None else None
+        self._recorded = recorded
+        self.made: list[int] = []
+
+    def pick(self, n: int) -> int:
+        if n <= 1:
+            return 0
+        if self._random is not None:
+            value = int(self._random.random() * n)
+        else:
+            assert self._recorded is not None
+            index = len(self.made)
+            value = self._recorded[index] % n if index < len(self._recorded) else 0
+        self.made.append(value)
+        return value
+
+    def chance(self, one_in: int) -> bool:
+        """True about once in ``one_in`` picks (a fault, a pause)."""
+        return self.pick(one_in) == one_in - 1
+
+
+class Killed(greenlet.GreenletExit):
+    """Raised in a greenlet of a killed process when the simulation ends, so that nothing of it
+    runs on (its ``finally`` blocks meet :meth:`Scheduler.step`, which raises it again)."""
+
+
+@dataclass(eq=False)
+class Process:
+    """A process of the simulated cluster (a driver, an executor): what a pause or kill hits."""
+
+    name: str
+    paused_until: float = 0.0
+    dead: bool = False
+    on_kill: list[Callable[[], None]] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class Actor:
+    name: str
+    process: Process
+    run: Callable[[], Any]
+    glet: Any = None
+    done: bool = False
+    wake_at: float = 0.0
+    ready: Callable[[], bool] | None = None
+    error: BaseException | None = None
+
+
+class VirtualClock:
+    """The kit's clock (:mod:`oncekit.core.clock`) in the simulation."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+
+    def now(self) -> float:
+        return 1_800_000_000.0 + self.scheduler.time
+
+    def monotonic(self) -> float:
+        return self.scheduler.time
+
+    def sleep(self, seconds: float) -> None:
+        self.scheduler.sleep(seconds)
+
+
+class Scheduler:
+    """Runs actors one step at a time, as :class:`Choices` say."""
+
+    def __init__(self, choices: Choices, trace: bool = False) -> None:
+        self.choices = choices
+        self.time = 0.0
+        self.actors: list[Actor] = []  # live ones
+        self.everyone: list[Actor] = []
+        self.current: Actor | None = None
+        self.steps = 0
+        self.trace: list[str] | None = [] if trace else None
+        self._main = greenlet.getcurrent()
+
+    # -- called by actors (through the models) ---------------------------------------------------
+
+    def step(self, label: str = "", wake_at: float = 0.0) -> None:
+        """An actor reached an operation: let the scheduler choose who goes on (this actor again
+        no earlier than ``wake_at``)."""
+        actor = self.current
+        if actor is None:
+            return  # outside the simulation (building the world)
+        if actor.process.dead:
+            raise Killed()
+        actor.wake_at = wake_at
+        if self.trace is not None:
+            self.trace.append(f"{self.time:9.3f} {actor.name}: {label}")
+        self._main.switch()
+        if actor.process.dead:
+            raise Killed()
+
+    def sleep(self, seconds: float) -> None:
+        actor = self.current
+        if actor is None:
+            self.time += seconds
+            return
+        self.step(f"sleep {seconds:.3f}", self.time + seconds)
+
+    def wait_until(self, ready: Callable[[], bool], timeout_s: float, label: str) -> bool:
+        """Block the current actor until ``ready()`` or ``timeout_s`` of virtual time passed;
+        whether it became ready."""
+        deadline = self.time + timeout_s
+        actor = self.current
+        assert actor is not None
+        while not ready():
+            if self.time >= deadline:
+                return False
+            actor.ready = ready
+            try:
+                self.step(f"wait {label}", deadline)
+            finally:
+                actor.ready = None
+        return True
+
+    # -- the world's side ----------------------------------------------------------------------
+
+    def spawn(self, name: str, process: Process, run: Callable[[], Any]) -> Actor:
+        actor = Actor(name, process, run)
+
+        def body() -> None:
+            try:
+                run()
+            except greenlet.GreenletExit:
+                raise
+            except BaseException as exc:  # noqa: BLE001 - the world looks at it
+                actor.error = exc
+            finally:
+                actor.done = True
+
+        actor.glet = greenlet.greenlet(body, parent=self._main)
+        self.actors.append(actor)
+        self.everyone.append(actor)
+        return actor
+
+    def kill(self, process: Process) -> None:
+        if process.dead:
+            return
+        process.dead = True
+        if self.trace is not None:
+            self.trace.append(f"{self.time:9.3f} ** kill {process.name}")
+        for hook in process.on_kill:
+            hook()
+
+    def pause(self, process: Process, seconds: float) -> None:
+        process.paused_until = max(process.paused_until, self.time + seconds)
+        if self.trace is not None:
+            self.trace.append(f"{self.time:9.3f} ** pause {process.name} for {seconds:.1f} s")
+
+    def _runnable(self, actor: Actor) -> bool:
+        if actor.done or actor.process.dead or actor.process.paused_until > self.time:
+            return False
+        if actor.ready is not None:
+            return actor.ready() or self.time >= actor.wake_at
+        return self.time >= actor.wake_at
+
+    def run(self, max_steps: int, between: Callable[[], None] = lambda: None) -> bool:
+        """Run until every live actor is done (True) or ``max_steps`` steps (False); ``between``
+        runs before each step (the world's faults)."""
+        while self.steps < max_steps:
+            live = self.actors = [a for a in self.actors if not a.done and not a.process.dead]
+            if not live:
+                return True
+            between()
+            runnable = [a for a in live if self._runnable(a)]
+            if not runnable:
+                waits = [max(a.wake_at, a.process.paused_until) for a in live]
+                self.time = max(self.time + STEP_S, min(waits))
+                continue
+            actor = runnable[self.choices.pick(len(runnable))]
+            self.current = actor
+            self.steps += 1
+            self.time += STEP_S
+            actor.glet.switch()
+            self.current = None
+        return False
+
+    def close(self) -> None:
+        """End the simulation: every greenlet still suspended is thrown out (its process counts as
+        dead, so what it would still do raises)."""
+        for actor in self.everyone:
+            actor.process.dead = True
+        for actor in self.everyone:
+            if actor.glet is not None and not actor.glet.dead and actor.glet:
+                try:
+                    self.current = actor
+                    actor.glet.throw(Killed())
+                except Killed:
+                    pass
+                finally:
+                    self.current = None
