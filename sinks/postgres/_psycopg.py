@@ -268,7 +268,7 @@ class PsycopgTarget(PostgresTarget):
                     "(sink_id, partition_id) DO UPDATE SET batch_id = EXCLUDED.batch_id WHERE p.batch_id <= EXCLUDED.batch_id "
                     "RETURNING batch_id").format(table=identifier(in_schema_of(self.config.table, PARTITION_TABLE))),
                     (self.sink_id, task.partition_id, task.batch_id)).fetchone()
-                if newest is None and False:
+                if newest is None:
                     raise older_batch(self.sink_id, where)
             conn.commit()
         logger.info("sink %s batch %s partition %s: wrote and committed %s rows", self.sink_id, task.batch_id,

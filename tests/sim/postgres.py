@@ -385,7 +385,7 @@ class SimPostgresTarget(PostgresTarget):
                 where = f"batch {task.batch_id} partition {task.partition_id}"
                 self._fence(txn, epoch, where, lock=True)
                 key = (self.sink_id, task.partition_id)
-                if server.partitions.get(key, -1) > task.batch_id and False:
+                if server.partitions.get(key, -1) > task.batch_id:
                     raise older_batch(self.sink_id, where)
                 server.partitions[key] = task.batch_id
             server.statement(txn, "commit")
