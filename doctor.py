@@ -8,7 +8,7 @@ Each check answers with a status (ok, warn, fail), one line of detail and one li
 checks catch what users of exactly-once pipelines trip over: a Java or Spark too old for the
 kit, a broker whose transaction settings make transactions time out or refuse the sinks'
 timeout, a server that forbids prepared transactions or runs SERIALIZABLE by default. Reuses
-:func:`oncekit.connectors.kafka.check_broker` and :func:`oncekit.connectors.postgres.check_server`.
+:func:`oncekit.connectors.kafka_admin.check_broker` and :func:`oncekit.connectors.postgres.check_server`.
 """
 
 from __future__ import annotations
@@ -113,7 +113,9 @@ def _kafka(target: DoctorTarget) -> list[Check]:
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
-    from oncekit.connectors.kafka import KafkaConfig, broker_settings, check_broker
+    from oncekit.connectors.kafka import KafkaConfig
+
+    from oncekit.connectors.kafka_admin import broker_settings, check_broker
     from oncekit.sinks.kafka import DEFAULT_TRANSACTION_TIMEOUT_MS as sink_timeout_ms
 
     bootstrap, client = target.bootstrap, dict(target.kafka_client)
@@ -235,7 +237,7 @@ def target_from_flags(bootstrap: str | None, dsn: str | None, topics: Sequence[s
     its queries' ``checkpoints``."""
     import os
 
-    from oncekit.connectors.kafka import client_properties
+    from oncekit.connectors.kafka_broker import client_properties
     from oncekit.connectors.services import service_addresses
 
     bootstrap, dsn = service_addresses(bootstrap, dsn)

@@ -33,12 +33,12 @@ from typing import Any
 
 from oncekit.core import savepoint as savepoints
 from oncekit.core.errors import ConfigError
-from oncekit.core.restart import RestartStrategy, strategy_from_config, superseded, supervise
+from oncekit.core.restart import RestartStrategy, strategy_from_config, supervise
 from oncekit.core.spark.query import OncekitQuery
 from oncekit.core.spark.session import spark_session
 from oncekit.core.savepoint import identify
 from oncekit.core.savepoint_stop import StopRequests
-from oncekit.core.spark.standby import stand_by
+from oncekit.core.spark.standby import serve_as_standby
 from oncekit.sources.kafka import WARM_UP_MODULES, analyze_for_warm_up
 
 logger = logging.getLogger(__name__)
@@ -172,19 +172,16 @@ def run_job(job: str, restart: str = DEFAULT_RESTART, standby: Sequence[str] = (
     start, strategy = load_job(job), parse_restart(restart)
     session = functools.partial(spark_session, app_name)
     one = Attempt(job, start, status_page(ui_port) if ui_port is not None else lambda queries: None)
-    while True:
-        if standby:
-            stand_by(session(), list(standby), announce=print, modules=WARM_UP_MODULES, analyze=analyze_for_warm_up)
-            print("standby: taking over", flush=True)
-        try:
-            restarts = supervise(lambda: one(session()), strategy, on_restart=lambda count, error: print(
-                f"job {job} failed ({error}); restart {count}", flush=True))
-            break
-        except Exception as exc:
-            if not standby or not superseded(exc):
-                raise
-            # Another standby won the race to take over, or took over from this one: wait again.
-            print(f"standby: another driver runs the job's queries ({type(exc).__name__}); waiting again", flush=True)
+
+    def restarted(count: int, error: BaseException) -> None:
+        print(f"job {job} failed ({error}); restart {count}", flush=True)
+
+    if standby:
+        restarts = serve_as_standby(session, list(standby), lambda: one(session()), strategy, announce=print,
+                                    took_over=lambda: print("standby: taking over", flush=True), on_restart=restarted,
+                                    modules=WARM_UP_MODULES, analyze=analyze_for_warm_up)
+    else:
+        restarts = supervise(lambda: one(session()), strategy, on_restart=restarted)
     if one.saved is not None:
         print(f"stopped with savepoint {one.saved.name} at {one.saved.path}", flush=True)
     print(f"job {job} finished ({restarts} restarts)", flush=True)

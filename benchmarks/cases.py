@@ -23,7 +23,7 @@ from benchmarks import data, jvm, peers, usage
 from benchmarks.environment import Bench
 from benchmarks.peers import Timed
 from benchmarks.table import Check, Ratio, Row, Table
-from oncekit.connectors.kafka import create_topic
+from oncekit.connectors.kafka_admin import create_topic
 from oncekit.core.fanout import fan_out
 from oncekit.core.spark.query import start_query
 from oncekit.sinks.kafka import kafka_sink

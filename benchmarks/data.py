@@ -19,7 +19,8 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer
 
 from benchmarks.table import Check
 from oncekit.connectors import KafkaConfig
-from oncekit.connectors.kafka import create_topic, produce_when_room
+from oncekit.connectors.kafka import produce_when_room
+from oncekit.connectors.kafka_admin import create_topic
 from oncekit.connectors.postgres import connect
 
 COLUMNS = "id bigint NOT NULL, account int NOT NULL, amount bigint NOT NULL, note text NOT NULL"

@@ -20,7 +20,7 @@ from benchmarks import data, jvm, peers
 from benchmarks.cases import failure, slug
 from benchmarks.environment import Bench
 from benchmarks.table import Ratio, Row, Table
-from oncekit.connectors.kafka import create_topic
+from oncekit.connectors.kafka_admin import create_topic
 from oncekit.core.spark.query import start_query
 from oncekit.sinks.kafka import kafka_sink
 from oncekit.sources.kafka import kafka_stream

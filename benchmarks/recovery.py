@@ -41,7 +41,7 @@ from benchmarks import data, peers
 from benchmarks.cases import failure
 from benchmarks.environment import Bench
 from benchmarks.table import Ratio, Row, Table
-from oncekit.connectors.kafka import create_topic
+from oncekit.connectors.kafka_admin import create_topic
 from oncekit.core.spark_log import SparkLog
 from oncekit.verify.driver import Timeline, start_driver, wait_step
 from oncekit.verify.examples import PipelineContext

@@ -1,35 +1,27 @@
-"""Kafka: client configuration, readiness and admin calls, and the broker's own settings.
-
-The broker settings live here once and serve every backend: the container backend passes them
-as ``KAFKA_*`` environment variables (the official apache/kafka image's convention), the
-local-process backend writes them to a properties file.
+"""Kafka clients: their configuration (:class:`KafkaConfig`), the process's pool of them, who makes
+them (confluent-kafka, or a model of Kafka registered for its bootstrap servers: the simulation
+of overlapping drivers), and the small helpers every kit client shares. Admin calls and checks
+are :mod:`oncekit.connectors.kafka_admin`'s; a test broker's own settings
+:mod:`oncekit.connectors.kafka_broker`'s.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic  # type: ignore[attr-defined]
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka.admin import AdminClient
 
 from oncekit.core import clock
 from oncekit.connectors.redact import redact_config
-from oncekit.connectors.wait import wait_until
-from oncekit.core.errors import AccessError, ConfigError, ServiceError
+from oncekit.core.errors import ConfigError
 
 logger = logging.getLogger(__name__)
-
-KAFKA_VERSION = "4.2.1"
-"""The Kafka release oncekit tests against; docker/kafka/pom.xml pins the same."""
-
-CLUSTER_ID = "5L6g3nShT-eMCtK--X86sw"
-
 
 class _DemoteToDebug(logging.Filter):
     """Sends the librdkafka lines that ``demote`` picks to DEBUG, on the same logger."""
@@ -281,7 +273,6 @@ RECONNECT: Mapping[str, Any] = {
 }
 """Settings of every kit client, under the user's own (:meth:`KafkaConfig.settings`)."""
 
-_PROBE_LOG = client_log(__name__ + ".probe")  # a broker still starting refuses connections: expected
 
 
 @dataclass(frozen=True)
@@ -315,223 +306,3 @@ class KafkaConfig:
         """Settings for a consumer that reads records in bulk (the source's readers, output
         checks): :data:`READ_AHEAD` under :meth:`settings`, so a user's own fetch settings win."""
         return {**READ_AHEAD, **self.settings(**extra)}
-
-
-@dataclass(frozen=True)
-class BrokerAddress:
-    """Where one KRaft node (broker and controller in one process) of a test cluster listens.
-
-    Clients on the host reach it at 127.0.0.1:``port``. Other nodes reach its controller at
-    ``host``:``controller_port`` and its broker at ``host``:``internal_port``, or at the client
-    address when ``internal_port`` is None (local processes, which share the host's loopback).
-    Containers on a network of their own need the internal listener: inside a container
-    127.0.0.1 is the container itself, so the client address cannot serve other brokers.
-    """
-
-    node_id: int
-    port: int
-    controller_port: int
-    host: str = "127.0.0.1"
-    internal_port: int | None = None
-
-
-def client_properties(path: str) -> dict[str, str]:
-    """librdkafka settings from a properties file (``key=value`` lines, ``#`` comments), as
-    Kafka's own tools take a client's security settings, so that a password stays in a file of
-    its own rather than in a shared configuration or on a command line."""
-    try:
-        lines = open(path, encoding="utf-8").read().splitlines()
-    except OSError as exc:
-        raise ConfigError(f"kafka: cannot read the client settings file {path}: {exc.strerror}") from exc
-    settings = {}
-    for number, line in enumerate(lines, 1):
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        key, equals, value = line.partition("=")
-        if not equals:
-            raise ConfigError(f"kafka: {path} line {number}: expected key=value")
-        settings[key.strip()] = value.strip()
-    return settings
-
-
-def broker_properties(node: BrokerAddress, cluster: Sequence[BrokerAddress] = (),
-                      bind_host: str = "127.0.0.1") -> dict[str, str]:
-    """Server properties of ``node``, one of ``cluster`` (default: a cluster of ``node`` alone).
-    The one place broker settings are made: the container backend passes them as ``KAFKA_*``
-    environment variables, the local backend writes them to a properties file.
-
-    A single broker needs replication factor 1 and min ISR 1 for the transaction state log and
-    the offsets topic, or transactions and group commits time out. Three brokers or more run as
-    production does: every topic (the internal ones included) replicated three times, a write
-    acknowledged by all needing two in-sync replicas, and no unclean leader election, so a
-    replica that missed records never becomes leader.
-    """
-    cluster = tuple(cluster) or (node,)
-    if 1 < len(cluster) < 3:
-        raise ConfigError(f"kafka: a cluster of {len(cluster)} brokers; run 1, or 3 or more (replication factor 3)")
-    replicas, min_isr = ("1", "1") if len(cluster) == 1 else ("3", "2")
-    listeners = {"PLAINTEXT": (bind_host, node.port, "127.0.0.1"), "CONTROLLER": (bind_host, node.controller_port, None)}
-    if node.internal_port is not None:
-        listeners["INTERNAL"] = (bind_host, node.internal_port, node.host)
-    return {
-        "node.id": str(node.node_id),
-        "process.roles": "broker,controller",
-        "controller.quorum.voters": ",".join(f"{n.node_id}@{n.host}:{n.controller_port}" for n in cluster),
-        "listeners": ",".join(f"{name}://{host}:{port}" for name, (host, port, _) in listeners.items()),
-        "advertised.listeners": ",".join(f"{name}://{advertised}:{port}"
-                                         for name, (_, port, advertised) in listeners.items() if advertised),
-        "controller.listener.names": "CONTROLLER",
-        "inter.broker.listener.name": "INTERNAL" if node.internal_port is not None else "PLAINTEXT",
-        "listener.security.protocol.map": ",".join(f"{name}:PLAINTEXT" for name in listeners),
-        "default.replication.factor": replicas,
-        "min.insync.replicas": min_isr,
-        "unclean.leader.election.enable": "false",
-        "offsets.topic.replication.factor": replicas,
-        "offsets.topic.num.partitions": "4",
-        "transaction.state.log.replication.factor": replicas,
-        "transaction.state.log.min.isr": min_isr,
-        "transaction.state.log.num.partitions": "4",
-        "group.initial.rebalance.delay.ms": "0",
-        "auto.create.topics.enable": "false",
-        "num.partitions": "2",
-    }
-
-
-# librdkafka's codes for what no retry cures: credentials refused, a certificate not trusted.
-_ACCESS_CODES = frozenset({KafkaError._AUTHENTICATION, KafkaError._SSL, KafkaError.SASL_AUTHENTICATION_FAILED,
-                           KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.CLUSTER_AUTHORIZATION_FAILED})
-
-
-def _probe(config: KafkaConfig) -> tuple[AdminClient, list[KafkaError]]:
-    """An admin client whose errors (reported to ``error_cb``) land in the list returned with it."""
-    seen: list[KafkaError] = []
-    settings: dict[str, Any] = {**config.settings(logger=_PROBE_LOG), "error_cb": seen.append}
-    return new_admin(settings), seen
-
-
-def _access_error(bootstrap_servers: str, admin: AdminClient, seen: list[KafkaError]) -> AccessError | None:
-    """The credentials or certificate error ``admin`` met so far, if any. librdkafka reports
-    those only to ``error_cb`` (a call that fails says "transport failure"), which runs in
-    ``poll``. Its text names the broker and the failure, never the password."""
-    admin.poll(0.2)
-    for error in seen:
-        if error.code() in _ACCESS_CODES:
-            return AccessError(f"kafka at {bootstrap_servers}: {error.str()}")
-    return None
-
-
-def _metadata(bootstrap_servers: str, admin: AdminClient, seen: list[KafkaError], timeout_s: float) -> Any:
-    """``admin.list_topics`` within ``timeout_s``, asked a second at a time so that refused
-    credentials or an untrusted certificate raise AccessError within about a second."""
-    deadline = clock.monotonic() + timeout_s
-    while True:
-        try:
-            return admin.list_topics(timeout=min(1.0, max(0.1, deadline - clock.monotonic())))
-        except KafkaException:
-            found = _access_error(bootstrap_servers, admin, seen)
-            if found is not None:
-                raise found from None
-            if clock.monotonic() >= deadline:
-                raise
-
-
-def check_access(config: KafkaConfig, timeout_s: float = 10.0) -> None:
-    """Raise AccessError if the cluster refuses ``config``'s credentials or serves a certificate
-    it does not trust; any other failure (a broker down) is left to the caller's own calls.
-    Called by the Kafka sinks' preflight and by the source when a call fails, so that a wrong
-    password says so within seconds instead of as a timeout."""
-    admin, seen = _probe(config)
-    try:
-        _metadata(config.bootstrap_servers, admin, seen, timeout_s)
-    except KafkaException:
-        pass  # not an access failure: the caller's own calls say what it is
-
-
-def check_broker(bootstrap_servers: str, client: Mapping[str, Any] | None = None, brokers: int = 1) -> None:
-    """Raise unless the cluster's metadata lists ``brokers`` brokers (or more) and a
-    transactional producer can initialise; AccessError when it refuses the credentials or the
-    certificate.
-
-    Metadata alone is not enough: the transaction coordinator loads its log after the broker
-    starts, and until then every transactional producer fails.
-    """
-    config = KafkaConfig(bootstrap_servers, dict(client or {}))
-    admin, seen = _probe(config)
-    try:
-        metadata = _metadata(bootstrap_servers, admin, seen, 5.0)
-        if len(metadata.brokers) < brokers:
-            raise ServiceError(f"kafka at {bootstrap_servers}: {len(metadata.brokers)} of {brokers} brokers in the metadata")
-        producer = Producer(config.settings(transactional_id=f"oncekit-probe-{uuid.uuid4()}", logger=_PROBE_LOG))
-        producer.init_transactions(10)
-    except KafkaException as exc:
-        raise _access_error(bootstrap_servers, admin, seen) or ServiceError(
-            f"kafka at {bootstrap_servers}: {exc.args[0]}") from exc
-
-
-def create_topic(config: KafkaConfig, topic: str, partitions: int = 1, replication_factor: int = -1,
-                 timeout_s: float = 30.0) -> None:
-    """Create ``topic``; an existing topic with the same name is left as it is. The replication
-    factor defaults to the cluster's own (``default.replication.factor``): 1 on a single test
-    broker, 3 on a three-broker one, whatever the user's cluster is set to. Returns once the
-    topic is in the metadata with a leader for every partition."""
-    admin = new_admin(config.settings())  # must outlive the future, or librdkafka cancels it
-    future = admin.create_topics(
-        [NewTopic(topic, num_partitions=partitions, replication_factor=replication_factor)], operation_timeout=30
-    )[topic]
-    try:
-        future.result(timeout=60)
-    except KafkaException as exc:
-        if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-            raise ServiceError(f"kafka: cannot create topic {topic!r}: {exc.args[0].str()}") from exc
-    # The controller answers once the topic is created; each broker learns of it from the
-    # metadata log a little later (a three-broker cluster in CI listed none of it right after).
-    wait_until(lambda: _require_leaders(admin, topic), timeout_s, f"kafka topic {topic!r}")
-    logger.info("kafka: topic %s ready with %s partitions", topic, partitions)
-
-
-def _require_leaders(admin: AdminClient, topic: str) -> None:
-    """Raise unless the metadata names ``topic`` and a leader for each of its partitions."""
-    described = admin.list_topics(topic, timeout=10).topics.get(topic)
-    if described is None or described.error is not None or not described.partitions:
-        raise ServiceError(f"not in the metadata yet ({described.error if described else 'absent'})")
-    leaderless = sorted(p for p, meta in described.partitions.items() if meta.leader < 0)
-    if leaderless:
-        raise ServiceError(f"partitions {leaderless} have no leader yet")
-
-
-def broker_settings(config: KafkaConfig) -> dict[str, str]:
-    """The settings of the cluster's lowest-id broker (DescribeConfigs), e.g.
-    ``transaction.max.timeout.ms``. Called by the Kafka sinks' preflight and ``oncekit doctor``."""
-    admin = new_admin(config.settings())  # must outlive the future, or librdkafka cancels it
-    broker = min(admin.list_topics(timeout=30).brokers)
-    resource = ConfigResource(ConfigResource.Type.BROKER, str(broker))
-    described = admin.describe_configs([resource])[resource].result(timeout=30)
-    return {name: entry.value for name, entry in described.items()}
-
-
-def end_offsets(config: KafkaConfig, topic: str) -> dict[int, int]:
-    """Per partition of ``topic``, its high watermark (the offset after its last record)."""
-    consumer = Consumer(config.settings(group_id="oncekit-end-offsets"))
-    try:
-        partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
-        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in sorted(partitions)}
-    finally:
-        consumer.close()
-
-
-def partition_leader(config: KafkaConfig, topic: str, partition: int) -> int:
-    """The node id of the broker that leads ``topic``'s ``partition`` now (-1 while it has none)."""
-    metadata = AdminClient(config.settings()).list_topics(topic, timeout=30)
-    try:
-        return int(metadata.topics[topic].partitions[partition].leader)
-    except KeyError as exc:
-        raise ServiceError(f"kafka: no partition {partition} of topic {topic!r} in the metadata") from exc
-
-
-def under_replicated(config: KafkaConfig) -> list[str]:
-    """``topic[partition]`` of every partition, internal topics included, whose in-sync replicas
-    are fewer than its replicas: a rolling restart waits for none before it stops the next broker."""
-    metadata = AdminClient(config.settings()).list_topics(timeout=30)
-    return [f"{name}[{p.id}]" for name, topic in sorted(metadata.topics.items())
-            for p in topic.partitions.values() if len(p.isrs) < len(p.replicas)]

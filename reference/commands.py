@@ -16,7 +16,9 @@ from collections.abc import Mapping
 from contextlib import ExitStack
 from typing import IO, TYPE_CHECKING, Any
 
-from oncekit.connectors.kafka import KafkaConfig, create_topic
+from oncekit.connectors.kafka import KafkaConfig
+
+from oncekit.connectors.kafka_admin import create_topic
 from oncekit.connectors.services import load_state
 from oncekit.core import savepoint as savepoints
 from oncekit.core.savepoint_stop import StopRequests

@@ -25,7 +25,9 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from oncekit.connectors.kafka import KafkaConfig, client_properties
+from oncekit.connectors.kafka import KafkaConfig
+
+from oncekit.connectors.kafka_broker import client_properties
 from oncekit.connectors.redact import redact_dsn
 from oncekit.connectors.services import load_state
 from oncekit.core.errors import ConfigError

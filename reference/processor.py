@@ -70,7 +70,7 @@ GIVEN = {
 PROCESSED_SCHEMA = ", ".join(f"{name} array<{kind}>" for name, kind in OUTPUT_COLUMNS)
 """What the processor hands Spark per call: one row, each of :data:`OUTPUT_COLUMNS` as an array
 over the call's output rows, where a column its row's kind does not give holds 0 or NULL
-(:func:`packed`). :func:`oncekit.reference.pipeline.route` unpacks it in the JVM. One row, not one
+(:func:`packed`). :func:`oncekit.reference.stages.route` unpacks it in the JVM. One row, not one
 per output row: PySpark 4.3's worker concatenates a task's output frames and pads their state
 with a frame as long as them in pandas, checking every all-NULL object cell one at a time, which
 cost the worker more than the processor itself (docs/reference-pipeline.md, "Where the time goes")."""

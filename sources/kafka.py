@@ -25,15 +25,9 @@ import numpy as np
 import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from oncekit.connectors.kafka import (
-    CLIENTS,
-    READ_AHEAD,
-    RECONNECT,
-    KafkaConfig,
-    attempt_timeout,
-    check_access,
-    retrying,
-)
+from oncekit.connectors.kafka import CLIENTS, READ_AHEAD, RECONNECT, KafkaConfig, attempt_timeout, retrying
+
+from oncekit.connectors.kafka_admin import check_access
 from oncekit.connectors.redact import redact_config
 from oncekit.core.errors import ConfigError, DataLossError, OncekitError, SourceReadError
 

@@ -27,7 +27,7 @@ if "PYTEST_XDIST_WORKER" in os.environ or "ONCEKIT_CRASH_DIR" not in os.environ:
 import pytest  # noqa: E402
 
 from oncekit.connectors import KafkaConfig, Services, start_services  # noqa: E402
-from oncekit.connectors.kafka import create_topic  # noqa: E402
+from oncekit.connectors.kafka_admin import create_topic  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -27,7 +27,7 @@ import psycopg
 from confluent_kafka import KafkaException
 
 from oncekit.connectors import Services
-from oncekit.connectors.kafka import create_topic, end_offsets
+from oncekit.connectors.kafka_admin import create_topic, end_offsets
 from oncekit.connectors.services.spark_cluster import StandaloneCluster
 from oncekit.core.crash import POINTS, arm, disarm, fired_at
 from oncekit.core.errors import ConfigError

@@ -29,7 +29,7 @@ import os
 import signal
 import time
 
-from oncekit.connectors.kafka import partition_leader, under_replicated
+from oncekit.connectors.kafka_admin import partition_leader, under_replicated
 from oncekit.connectors.services.base import KafkaService
 from oncekit.connectors.services.spark_cluster import StandaloneCluster
 from oncekit.core.crash import arm, disarm, fired_at, release

@@ -73,7 +73,7 @@ def main(spec_text: str) -> int:
     from oncekit.core.restart import ExponentialBackoff, supervise
     from oncekit.core.spark.query import BATCH_TIMEOUT_CONF
     from oncekit.core.spark.session import spark_session
-    from oncekit.core.spark.standby import stand_by
+    from oncekit.core.spark.standby import serve_as_standby
     from oncekit.sources.kafka import WARM_UP_MODULES, analyze_for_warm_up
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -92,12 +92,6 @@ def main(spec_text: str) -> int:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     conf = {f"spark.executorEnv.{CRASH_DIR_ENV}": os.environ.get(CRASH_DIR_ENV, ""), BATCH_TIMEOUT_CONF: str(BATCH_TIMEOUT_S),
             "spark.ui.enabled": "false"}
-    if spec["standby"]:  # SIGTERM ends a waiting standby at once
-        standby_session = spark_session("oncekit-verify", master=master, conf=conf)
-        timeline.note("session")
-        stand_by(standby_session, [ctx.checkpoint], warmed=lambda: timeline.note("warm"), modules=WARM_UP_MODULES,
-                 analyze=analyze_for_warm_up)
-        timeline.note("takeover")
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     restarts_file = Path(ctx.checkpoint + ".restarts")
@@ -120,10 +114,20 @@ def main(spec_text: str) -> int:
         with restarts_file.open("a") as f:
             f.write(f"{time.time()} {type(error).__name__}\n")
 
+    strategy = ExponentialBackoff(initial_s=0.5, max_s=4.0, attempts=40)
     if spec["drain"]:
         run()
+    elif spec["standby"]:  # SIGTERM ends a waiting standby at once
+        def session() -> Any:
+            started = spark_session("oncekit-verify", master=master, conf=conf)
+            timeline.note("session")
+            return started
+
+        serve_as_standby(session, [ctx.checkpoint], run, strategy, warmed=lambda: timeline.note("warm"),
+                         took_over=lambda: timeline.note("takeover"), on_restart=note_restart, modules=WARM_UP_MODULES,
+                         analyze=analyze_for_warm_up)
     else:
-        supervise(run, ExponentialBackoff(initial_s=0.5, max_s=4.0, attempts=40), note_restart)
+        supervise(run, strategy, note_restart)
     spark_session("oncekit-verify", master=master, conf=conf).stop()
     return 0
 

@@ -15,7 +15,8 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer
 from psycopg import sql
 
 from oncekit.connectors import KafkaConfig, postgres
-from oncekit.connectors.kafka import client_log, create_topic, produce_when_room
+from oncekit.connectors.kafka import client_log, produce_when_room
+from oncekit.connectors.kafka_admin import create_topic
 from oncekit.connectors.postgres import connect
 from oncekit.core.names import MarkerTopic
 from oncekit.sinks.postgres._common import CHECKPOINT_TABLE, MARKER_TABLE

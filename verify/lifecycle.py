@@ -31,7 +31,7 @@ from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartiti
 from confluent_kafka.admin import AdminClient
 
 from oncekit.connectors import KafkaConfig
-from oncekit.connectors.kafka import create_topic
+from oncekit.connectors.kafka_admin import create_topic
 from oncekit.connectors.wait import wait_until
 from oncekit.core import savepoint as savepoints
 from oncekit.core.crash import arm, fired_at

@@ -21,7 +21,6 @@ output had every chance to catch up.
 from __future__ import annotations
 
 import logging
-import os
 import tempfile
 import time
 from collections import Counter
@@ -36,6 +35,7 @@ from oncekit.connectors import Services
 from oncekit.core.crash import POINTS, arm, disarm, fired_at
 from oncekit.core.errors import ConfigError
 from oncekit.core.stalls import StallLog
+from oncekit.verify.memory import driver_memory
 from oncekit.verify.campaign import Campaign
 from oncekit.verify.examples import EXAMPLES
 from oncekit.verify.faults import SERVICE_FAULTS, Fault, schedule
@@ -258,7 +258,7 @@ class Soak:
                         "written" if stable else f"still pending after {MARKERS_S:.0f} s")
             got, missing, old = observed()
         have = Counter(got)
-        driver, jvm, workers = _memory(campaign.driver.process.pid if campaign.driver.process else None)
+        driver, jvm, workers = driver_memory(campaign.driver.process.pid if campaign.driver.process else None)
         checkpoint = Path(campaign.ctx.checkpoint)
         files = [p for p in checkpoint.rglob("*") if p.is_file()] if checkpoint.exists() else []
         kit = checkpoint / "oncekit"
@@ -403,49 +403,6 @@ def _size(path: Path) -> int:
         return path.stat().st_size
     except FileNotFoundError:  # Spark purged it meanwhile
         return 0
-
-
-def _memory(driver_pid: int | None) -> tuple[float, float, float]:
-    """Resident MB of the driver process, of its JVM, and of the JVM's Python workers, from /proc
-    (zeros where /proc has no such processes, or the driver is not running)."""
-    if driver_pid is None:
-        return 0.0, 0.0, 0.0
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry))
-    jvms = [pid for pid in children.get(driver_pid, []) if _command(pid).startswith("java")]
-    workers: list[int] = []
-    frontier = list(jvms)
-    while frontier:
-        pid = frontier.pop()
-        for child in children.get(pid, []):
-            workers.append(child)
-            frontier.append(child)
-    return _rss_mb([driver_pid]), _rss_mb(jvms), _rss_mb(workers)
-
-
-def _command(pid: int) -> str:
-    try:
-        return os.path.basename(Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode())
-    except OSError:
-        return ""
-
-
-def _rss_mb(pids: list[int]) -> float:
-    total = 0
-    for pid in pids:
-        try:
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1])
-        except OSError:
-            continue
-    return round(total / 1024, 1)
 
 
 def report_dict(report: SoakReport) -> dict[str, object]:

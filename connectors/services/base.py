@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from oncekit.connectors.kafka import KafkaConfig, check_broker
+from oncekit.connectors.kafka import KafkaConfig
+
+from oncekit.connectors.kafka_admin import check_broker
 from oncekit.connectors.postgres import check_server
 from oncekit.connectors.redact import redact_dsn
 from oncekit.connectors.wait import wait_until

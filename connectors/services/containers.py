@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from oncekit.connectors.services.base import KafkaCluster, KafkaService, PostgresService, Service, free_port, free_ports
-from oncekit.connectors.kafka import CLUSTER_ID, KAFKA_VERSION, BrokerAddress, broker_properties
+from oncekit.connectors.kafka_broker import CLUSTER_ID, KAFKA_VERSION, BrokerAddress, broker_properties
 from oncekit.connectors.postgres import MAX_PREPARED_TRANSACTIONS
 from oncekit.core.errors import ServiceError
 

@@ -35,7 +35,7 @@ from oncekit.connectors.services.base import (
     port_in_use,
 )
 from oncekit.connectors.wait import wait_until
-from oncekit.connectors.kafka import CLUSTER_ID, BrokerAddress, broker_properties
+from oncekit.connectors.kafka_broker import CLUSTER_ID, BrokerAddress, broker_properties
 from oncekit.connectors.postgres import MAX_PREPARED_TRANSACTIONS, check_server, connect
 from oncekit.core.errors import ServiceError
 from oncekit.core.stacks import log_tail

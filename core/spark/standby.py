@@ -45,6 +45,7 @@ from pyspark.sql.types import StructType
 
 from oncekit.core.deadline import bounded
 from oncekit.core.lease import wait_free
+from oncekit.core.restart import RestartStrategy, superseded, supervise
 from oncekit.core.spark.session import is_connect, register_data_source
 
 logger = logging.getLogger(__name__)
@@ -151,6 +152,28 @@ def warm_up(spark: SparkSession, modules: Sequence[str] = (),
         finally:
             query.stop()
     return time.monotonic() - started
+
+
+def serve_as_standby(session: Callable[[], SparkSession], checkpoints: Sequence[str], attempt: Callable[[], None],
+                     strategy: RestartStrategy, announce: Callable[[str], None] = logger.info,
+                     warmed: Callable[[], None] = lambda: None, took_over: Callable[[], None] = lambda: None,
+                     on_restart: Callable[[int, BaseException], None] | None = None, modules: Sequence[str] = (),
+                     analyze: Callable[[SparkSession], object] = lambda spark: None) -> int:
+    """A standby driver's life, for ``oncekit run --standby`` and the verify harness: warm up and
+    wait for the query's lease (:func:`stand_by`), then run ``attempt`` (start the queries and wait
+    for them) under ``strategy`` (:func:`~oncekit.core.restart.supervise`); whenever another
+    driver turns out to run the queries (it won the race to take over, or took over from this
+    one: :func:`~oncekit.core.restart.superseded`), warm up and wait again. Returns the restarts
+    of the attempt that ended; any other failure is raised."""
+    while True:
+        stand_by(session(), checkpoints, announce=announce, warmed=warmed, modules=modules, analyze=analyze)
+        took_over()
+        try:
+            return supervise(attempt, strategy, on_restart)
+        except Exception as exc:
+            if not superseded(exc):
+                raise
+            announce(f"standby: another driver runs the queries ({type(exc).__name__}); waiting again")
 
 
 def stand_by(spark: SparkSession, checkpoints: Sequence[str], announce: Callable[[str], None] = logger.info,

@@ -11,7 +11,8 @@ from confluent_kafka import KafkaException
 from oncekit.core.errors import OncekitError, RecordError
 from oncekit.core.bases import AtLeastOnceSink
 from oncekit.core.protocol import TaskInfo
-from oncekit.sinks.kafka._common import FORMAT, KafkaSinkBase, RecordStream
+from oncekit.sinks.kafka._common import FORMAT, KafkaSinkBase
+from oncekit.sinks.kafka._records import RecordStream
 
 
 class KafkaAtLeastOnceSink(KafkaSinkBase, AtLeastOnceSink):

@@ -17,8 +17,10 @@ from oncekit.core.deadline import begin
 from oncekit.core.names import KafkaTransactionalId
 from oncekit.core.bases import TaskCommitSink
 from oncekit.core.protocol import TaskInfo
-from oncekit.sinks.kafka._common import FORMAT, KafkaSinkBase, RecordStream, SinkProducer
-from oncekit.sinks.kafka._markers import READ_S, SETTLE_S, BatchMarker
+from oncekit.sinks.kafka._batch_marker import BatchMarker
+from oncekit.sinks.kafka._common import FORMAT, KafkaSinkBase, SinkProducer
+from oncekit.sinks.kafka._markers import READ_S, SETTLE_S
+from oncekit.sinks.kafka._records import RecordStream
 
 logger = logging.getLogger(__name__)
 

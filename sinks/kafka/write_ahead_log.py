@@ -17,8 +17,10 @@ from oncekit.core.names import KafkaTransactionalId
 from oncekit.core.bases import WriteAheadSink
 from oncekit.core.protocol import CommitOutcome, Committable
 from oncekit.core.staging import StagedFiles
-from oncekit.sinks.kafka._common import FORMAT, KafkaSinkBase, RecordStream, SinkProducer, checksum
-from oncekit.sinks.kafka._markers import READ_S, SETTLE_S, BatchMarker
+from oncekit.sinks.kafka._batch_marker import BatchMarker
+from oncekit.sinks.kafka._common import FORMAT, KafkaSinkBase, SinkProducer
+from oncekit.sinks.kafka._markers import READ_S, SETTLE_S
+from oncekit.sinks.kafka._records import RecordStream, checksum
 
 if TYPE_CHECKING:
     from oncekit.sinks.kafka.config import KafkaSinkConfig

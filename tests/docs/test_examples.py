@@ -17,7 +17,7 @@ import pytest
 from confluent_kafka import Producer
 
 from oncekit.connectors import KafkaConfig
-from oncekit.connectors.kafka import create_topic
+from oncekit.connectors.kafka_admin import create_topic
 from oncekit.reference.generator import Workload, events
 from oncekit.verify import compare, read_committed
 

@@ -25,7 +25,7 @@ from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions  # type: ignore[attr-defined]
 
 from oncekit.connectors import KafkaConfig
-from oncekit.connectors.kafka import end_offsets
+from oncekit.connectors.kafka_admin import end_offsets
 from oncekit.core.engine import CheckpointEngine
 from oncekit.core.errors import BadRecordError, CommitError, ConfigError, OncekitError, RecordError
 from oncekit.core.protocol import Committable, SinkConfig, TaskInfo

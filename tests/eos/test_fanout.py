@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from oncekit.connectors import KafkaConfig
-from oncekit.connectors.kafka import create_topic
+from oncekit.connectors.kafka_admin import create_topic
 from oncekit.core.crash import POINTS, arm, fired
 from oncekit.core.errors import ConfigError
 from oncekit.core.fanout import fan_out

@@ -18,7 +18,7 @@ import pytest
 from confluent_kafka.admin import AdminClient
 
 from oncekit.connectors import KafkaConfig, Services
-from oncekit.connectors.kafka import broker_settings, create_topic
+from oncekit.connectors.kafka_admin import broker_settings, create_topic
 from oncekit.connectors.services import start_kafka
 from oncekit.connectors.wait import wait_until
 from oncekit.verify import Fault, run_campaign

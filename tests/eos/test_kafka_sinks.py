@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from oncekit.connectors import KafkaConfig
-from oncekit.connectors.kafka import create_topic
+from oncekit.connectors.kafka_admin import create_topic
 from oncekit.core.crash import POINTS, arm, fired
 from oncekit.core.errors import ConfigError
 from oncekit.sinks.kafka import kafka_sink

@@ -15,7 +15,7 @@ import pytest
 from pyarrow.fs import LocalFileSystem, copy_files
 
 from oncekit.connectors import KafkaConfig
-from oncekit.connectors.kafka import create_topic
+from oncekit.connectors.kafka_admin import create_topic
 from oncekit.core import savepoint as savepoints
 from oncekit.core.crash import arm, fired
 from oncekit.core.journal import Journal

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from oncekit.connectors import KafkaConfig
-from oncekit.connectors.kafka import create_topic
+from oncekit.connectors.kafka_admin import create_topic
 from oncekit.core.crash import arm, fired, fired_at, release
 from oncekit.core.lease import EXPIRY_ENV, LEASE
 from oncekit.core.spark_log import SparkLog
@@ -197,6 +197,96 @@ def test_standby_campaign_ends_exactly_once_with_progress_after_every_fault(
     finally:
         for point in ("driver_abort", "driver_after_journal"):
             release(crash_dir, point)
+        for running in drivers:
+            running.kill()
+        output.close()
+
+
+TWO_STANDBY_RUNS = int(os.environ.get("ONCEKIT_TWO_STANDBY_RUNS", "1"))
+"""How many of STANDBY_PIPELINES the two-standby campaign takes (``make test``: 1, drawn from the
+run's seed; ``make test-long``: all 3). The simulation (tests/sim) covers the interleavings of the
+race between standbys; this is its real-service part."""
+TWO_STANDBY_DRAWN = sorted(random.Random(int(os.environ["ONCEKIT_VERIFY_SEED"]) + 1).sample(
+    STANDBY_PIPELINES, min(TWO_STANDBY_RUNS, 3)), key=STANDBY_PIPELINES.index)
+KILLS = 3
+FAST_EXPIRY_S = 6.0
+
+
+def lease_holder_pid(checkpoint: str) -> int | None:
+    try:
+        return int(json.loads((Path(checkpoint) / LEASE).read_text())["pid"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+@pytest.mark.long(200)
+@pytest.mark.parametrize("pipeline", TWO_STANDBY_DRAWN)
+def test_with_two_warm_standbys_exactly_one_takes_over_after_each_kill_and_the_other_keeps_waiting(
+    kafka: KafkaConfig, postgres_dsn: str, topic: str, unique_name: str, tmp_path: Path, crash_dir: Path,
+    pipeline: str,
+) -> None:
+    """An active driver and two warm standbys on one checkpoint; the active driver is killed (-9)
+    three times. After each kill all input so far is committed within PROGRESS_S, exactly one
+    standby holds the query's lease and runs it, and the other is still there, waiting (it may
+    have started at the same moment and lost the race: then it waits again). A new standby is
+    started after each takeover, as a supervisor would. At the end the output is exactly once."""
+    out = unique_name
+    prepare_target(pipeline, kafka, postgres_dsn, out)
+    ctx = PipelineContext(kafka.bootstrap_servers, topic, out, str(tmp_path / "checkpoint"), dsn=postgres_dsn,
+                          trigger={"processingTime": "1 second"}, max_offsets_per_trigger=500)
+    env = {EXPIRY_ENV: str(FAST_EXPIRY_S), "SPARK_MASTER": "local[2]"}
+    drivers: list[DriverProcess] = []
+    expected: list[int] = []
+    output = PipelineOutput(sink_kind(pipeline), kafka, postgres_dsn, out)
+
+    def driver(standby: bool) -> DriverProcess:
+        started = DriverProcess(pipeline, ctx, str(crash_dir), tmp_path / f"driver{len(drivers)}.log", env,
+                                standby=standby)
+        drivers.append(started)
+        started.ensure_running()
+        if not standby:
+            started.wait_step("query", PROGRESS_S)
+        return started
+
+    def step(after: str) -> None:
+        expected.extend(produce_input(kafka, topic, CHUNK, first=len(expected)))
+        want = Counter(output.wanted(expected))
+        deadline = time.monotonic() + PROGRESS_S
+        while want - Counter(output.read()):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{pipeline}: stall after {after}: {sum((want - Counter(output.read())).values())} "
+                                     f"records missing after {PROGRESS_S:.0f} s; driver logs in {tmp_path}")
+            time.sleep(0.5)
+
+    try:
+        active = driver(False)
+        standbys = [driver(True), driver(True)]
+        step("the start")
+        for waiting in standbys:
+            waiting.wait_step("warm", PROGRESS_S)
+        for kill in range(1, KILLS + 1):
+            active.kill()
+            step(f"kill -9 of the active driver ({kill} of {KILLS})")
+            holder = lease_holder_pid(ctx.checkpoint)
+            winners = [s for s in standbys if s.process is not None and s.process.pid == holder]
+            assert len(winners) == 1, f"{pipeline}: after kill {kill} the lease is held by pid {holder}, not by one " \
+                                      f"of the standbys {[s.process.pid for s in standbys if s.process]}; logs in {tmp_path}"
+            (loser,) = [s for s in standbys if s is not winners[0]]
+            time.sleep(2 * FAST_EXPIRY_S)  # a loser that would give up or take the lease back does so by now
+            assert loser.process is not None and loser.process.poll() is None, \
+                f"{pipeline}: the standby that did not take over ended (exit {loser.process and loser.process.poll()}); " \
+                f"see {loser.log}"
+            assert lease_holder_pid(ctx.checkpoint) == holder, f"{pipeline}: the lease changed hands after kill {kill}"
+            active, standbys = winners[0], [loser, driver(True)]
+            standbys[1].wait_step("warm", PROGRESS_S)
+        step("more input after the last takeover")
+        for running in drivers:
+            running.stop()
+        time.sleep(1.0)  # late duplicates would show
+        verdict = compare(output.wanted(expected), output.read())
+        assert verdict.exactly_once, verdict.summary()
+        assert output.left_open(ctx.checkpoint) == []
+    finally:
         for running in drivers:
             running.kill()
         output.close()

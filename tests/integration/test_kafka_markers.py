@@ -13,12 +13,12 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic  # type: ignore[attr-defined]
 
 from oncekit.connectors import KafkaConfig
-from oncekit.connectors.kafka import create_topic
+from oncekit.connectors.kafka_admin import create_topic
 from oncekit.core.errors import ConfigError
 from oncekit.core.names import MarkerTopic
 from oncekit.core.protocol import SinkOwner
 from oncekit.sinks.kafka import KafkaTransactionalSink, kafka_sink
-from oncekit.sinks.kafka._markers import BatchMarker
+from oncekit.sinks.kafka._batch_marker import BatchMarker
 
 pytestmark = pytest.mark.services
 

@@ -18,12 +18,13 @@ import pyarrow as pa
 import pytest
 
 from oncekit.connectors import KafkaConfig
-from oncekit.connectors.kafka import create_topic
+from oncekit.connectors.kafka_admin import create_topic
 from oncekit.core.errors import OncekitError, RecordError, TaskInputCutError
 from oncekit.core.names import KafkaTransactionalId
 from oncekit.core.protocol import TaskInfo
 from oncekit.sinks.kafka import KafkaSinkConfig, KafkaTransactionalSink, kafka_sink
-from oncekit.sinks.kafka._common import RecordStream, SinkProducer
+from oncekit.sinks.kafka._common import SinkProducer
+from oncekit.sinks.kafka._records import RecordStream
 from oncekit.sinks.kafka._markers import READ_S
 from oncekit.verify.io import read_committed
 

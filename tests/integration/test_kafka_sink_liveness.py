@@ -17,7 +17,7 @@ import pyarrow as pa
 import pytest
 
 from oncekit.connectors import Services
-from oncekit.connectors.kafka import create_topic
+from oncekit.connectors.kafka_admin import create_topic
 from oncekit.core.protocol import Committable, TaskInfo
 from oncekit.sinks.kafka import KafkaTransactionalSink, KafkaWriteAheadSink, kafka_sink
 from oncekit.sources.kafka import KafkaSourceOptions, watermarks

@@ -108,7 +108,7 @@ def test_kafka_source_picks_up_new_partitions_and_mirrors_offsets_to_group(
     from confluent_kafka import Consumer, Producer, TopicPartition
     from confluent_kafka.admin import AdminClient, NewPartitions  # type: ignore[attr-defined]
 
-    from oncekit.connectors.kafka import create_topic
+    from oncekit.connectors.kafka_admin import create_topic
 
     topic, group = unique_name.replace("_", "-"), f"lag-{unique_name}"
     create_topic(kafka, topic, partitions=1)

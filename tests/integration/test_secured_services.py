@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from oncekit.connectors import Services
-from oncekit.connectors.kafka import check_broker, create_topic
+from oncekit.connectors.kafka_admin import check_broker, create_topic
 from oncekit.connectors.postgres import check_server, connect
 from oncekit.connectors.services import start_secured_services
 from oncekit.connectors.services.tls import CertificateAuthority

@@ -11,7 +11,7 @@ import pytest
 from confluent_kafka import Producer
 
 from oncekit.connectors import KafkaConfig, Services, start_services
-from oncekit.connectors.kafka import create_topic
+from oncekit.connectors.kafka_admin import create_topic
 from tests.eos.pipeline import read_committed
 
 pytestmark = pytest.mark.services

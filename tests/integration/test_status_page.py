@@ -26,7 +26,7 @@ import pytest
 from confluent_kafka import KafkaException, Producer
 
 from oncekit.connectors import KafkaConfig
-from oncekit.connectors.kafka import create_topic
+from oncekit.connectors.kafka_admin import create_topic
 from oncekit.core.journal import Journal
 from oncekit.core.names import StagedFile, TransactionId
 from oncekit.core.protocol import Committable

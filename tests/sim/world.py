@@ -137,7 +137,7 @@ class World:
         self.faults_left = scenario.faults
         self.last_fault_step = 0
         self.violations: list[str] = []
-        self.store.files[f"/cp/metadata"] = json.dumps({"id": "query-1"}).encode()
+        self.store.files["/cp/metadata"] = json.dumps({"id": "query-1"}).encode()
 
     # -- the query -----------------------------------------------------------------------------
 

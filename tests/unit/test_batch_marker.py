@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from oncekit.core.errors import NonDeterministicReplayError, ReplayError
-from oncekit.sinks.kafka._markers import HISTORY, BatchMarker
+from oncekit.sinks.kafka._batch_marker import HISTORY, BatchMarker
 
 
 def published(upto: int) -> BatchMarker:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-from oncekit.connectors.kafka import KAFKA_VERSION
+from oncekit.connectors.kafka_broker import KAFKA_VERSION
 
 COMPOSE = Path(__file__).resolve().parents[2] / "docker" / "docker-compose.yml"
 

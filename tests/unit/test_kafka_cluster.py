@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from oncekit.connectors.kafka import BrokerAddress, broker_properties
+from oncekit.connectors.kafka_broker import BrokerAddress, broker_properties
 from oncekit.core.errors import ConfigError
 from oncekit.verify import Fault, schedule
 from oncekit.verify.faults import CLUSTER_FAULTS, KAFKA_CLUSTER_FAULTS

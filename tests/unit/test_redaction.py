@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from oncekit.connectors import KafkaConfig, PostgresConfig, redact_config, redact_dsn
-from oncekit.connectors.kafka import client_properties
+from oncekit.connectors.kafka_broker import client_properties
 from oncekit.core.errors import ConfigError
 
 

@@ -48,7 +48,7 @@ def test_a_standby_that_loses_the_race_to_take_over_goes_back_to_waiting(
     from oncekit.core.errors import LeaseHeldError
 
     waits: list[int] = []
-    monkeypatch.setattr(runner, "stand_by", lambda *args, **kwargs: waits.append(1))
+    monkeypatch.setattr("oncekit.core.spark.standby.stand_by", lambda *args, **kwargs: waits.append(1))
     monkeypatch.setattr(runner, "spark_session", lambda *args, **kwargs: object())
     starts: list[int] = []
 
