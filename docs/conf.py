@@ -40,5 +40,5 @@ nitpick_ignore_regex = [
     (r"py:.*", r"(KafkaProtocol|PostgresProtocol|SinkConfig|RestartStrategy|FanOutConfig|PostgresSinkConfig|KafkaSinkConfig)"),
     (r"py:.*", r"(BaseException|Exception|float|int|str|bool|dict|list|tuple|None)"),
     # Internals the public docstrings name in their own module's short form.
-    (r"py:.*", r"(BatchWatchdog|CheckpointListener|default_conf|fill_defaults|warm_up|REWARM_S)"),
+    (r"py:.*", r"(BatchWatchdog|CheckpointListener|QueryRun|default_conf|fill_defaults|warm_up|REWARM_S)"),
 ]
