@@ -204,10 +204,11 @@ class LeaseKeeper:
     :func:`~oncekit.core.spark.query.start_query` calls :meth:`hold` at every start of the
     query; from the first, a daemon thread renews the lease every :data:`RENEW_S` until
     :meth:`release` (the query stopped, or ended for good), so the lease is kept while the
-    restart strategy waits to start the query again. The thread never overwrites another
-    process's lease: when it finds one, it stops and :meth:`taken_by` says who took it. A
-    keeper whose query failed and was not started again within :data:`IDLE_S` releases the
-    lease itself."""
+    restart strategy waits to start the query again. The thread stands aside from another run's
+    record of a higher epoch (:meth:`taken_by` says whose) and puts its run's back over a lower
+    epoch's (:meth:`renew_once`). A keeper whose query failed and was not started again within
+    :data:`IDLE_S` releases the lease itself. ``driver`` is the process the lease names (this
+    one; the simulation gives each of its drivers its own)."""
 
     def __init__(self, checkpoint: str, driver: Driver | None = None) -> None:
         self.lease = QueryLease(checkpoint)

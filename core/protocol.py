@@ -206,8 +206,9 @@ class Sink(ABC):
 
     def leftovers(self, batch_ids: Iterable[int] | None = None) -> list[Committable]:
         """Driver: what the target still holds open for this sink (prepared transactions,
-        staged files), for batches in ``batch_ids`` or all. Recovery aborts those no journal
-        names. The default holds nothing open."""
+        staged files), for batches in ``batch_ids`` or all. Recovery aborts older runs' that no
+        decision names (where pre-commits block a replay), or those of batches already done
+        (staged files). The default holds nothing open."""
         return []
 
     def refuse_claimed(self, owner: SinkOwner, in_use: Callable[[SinkOwner, SinkOwner], str | None]) -> None:
@@ -230,10 +231,12 @@ class Sink(ABC):
         let ``owner`` have the sink id: record ``owner``. Another query taking the id over starts
         its batch numbers again, so the previous query's batch records are dropped first
         (:meth:`reset`): they would answer for the new query's batches of the same numbers,
-        which would be skipped as committed. After the epoch and recovery, so that nothing the
-        previous query's drivers still commit can land after the reset: its tasks are fenced by
-        the epoch and its prepared transactions and staged batches were aborted. A crash between
-        the reset and the record resets again at the next start."""
+        which would be skipped as committed. After the epoch and recovery, and fenced at the
+        target, so that nothing the previous query's drivers still do can land after the reset:
+        the target refuses their acts (the new run's epoch is above theirs; a Kafka sink resets
+        each writer's marker in a transaction of the writer's own id, which fences the previous
+        query's producers), and the recovery committed what they had decided. A crash between the
+        reset and the record resets again at the next start."""
         current = self.recorded_owner()
         if current is not None and current.query_id != owner.query_id:
             logger.info("sink %s: query %s takes the sink id over from query %s; dropping its batch records",
@@ -248,12 +251,14 @@ class Sink(ABC):
         return None
 
     def record_owner(self, owner: SinkOwner) -> None:
-        """Driver: record ``owner`` for this sink id in the target, replacing any other."""
+        """Driver: record ``owner`` for this sink id in the target, replacing any other;
+        FencedError when a newer run than this object's holds the target."""
 
     def reset(self) -> None:
         """Driver, from :meth:`claim`, when another query takes the sink id over: drop every
-        record of the previous query's batches (marker rows, recorded checkpoints, batch
-        markers); raise when they cannot be dropped. The default keeps none."""
+        record of the previous query's batches (marker rows, decisions, recorded checkpoints,
+        batch markers), fenced by this run's epoch; raise when they cannot be dropped. The
+        default keeps none."""
 
     def forget(self, before_batch: int) -> None:
         """Driver, in recovery, after the journal dropped batches Spark no longer keeps: drop the
