@@ -63,9 +63,9 @@ PYTEST_ARGS ?= -n 2 --dist loadgroup --durations=30
 pytest: install
 	. .oncekit/engine.env && ONCEKIT_TEST_BACKEND=$${ONCEKIT_TEST_BACKEND:-containers} $(PY) -m pytest $(PYTEST_ARGS)
 
-# Every campaign at full size, beside the suite (not in CI): the randomized campaigns with 100
-# faults each, a 30-minute soak, the standby campaigns for all three of their pipelines (the suite
-# draws two and one), the fan-out and three-broker campaigns as in the suite, every crash-point
+# Every campaign at full size, beside the suite (not in CI): the randomized campaigns on both
+# their pipelines with 100 faults each (the suite draws one, with 5), a 30-minute soak, the two
+# standby campaigns for all three of their pipelines (the suite draws one each), the fan-out and three-broker campaigns as in the suite, every crash-point
 # case with each source connector (the suite draws one per case), and the simulation of
 # overlapping drivers with 200,000 schedules per protocol and fan-out (1,200,000 in all). The seed
 # is drawn and printed as in make test (ONCEKIT_VERIFY_SEED to repeat a run).
@@ -74,7 +74,8 @@ CAMPAIGNS := tests/eos/test_verify_campaign.py tests/eos/test_soak.py tests/eos/
 
 test-long: install broker connector engine
 	. .oncekit/engine.env && ONCEKIT_TEST_BACKEND=$${ONCEKIT_TEST_BACKEND:-containers} ONCEKIT_VERIFY_FAULTS=100 \
-		ONCEKIT_SOAK_S=1800 ONCEKIT_STANDBY_RUNS=3 ONCEKIT_TWO_STANDBY_RUNS=3 ONCEKIT_CRASH_CONNECTORS=both \
+		ONCEKIT_SOAK_S=1800 ONCEKIT_STANDBY_RUNS=3 ONCEKIT_TWO_STANDBY_RUNS=3 ONCEKIT_RANDOMIZED_RUNS=2 \
+		ONCEKIT_CRASH_CONNECTORS=both \
 		ONCEKIT_SIM_SCHEDULES=200000 $(PY) -m pytest $(PYTEST_ARGS) $(CAMPAIGNS)
 
 # Quix Streams, a peer in the benchmarks (the bench extra), runs in a venv of its own: it pins

@@ -158,11 +158,17 @@ class Timeline:
         return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
 
 
+def times_reached(process: subprocess.Popen[bytes], checkpoint: str, step: str) -> int:
+    """How often the driver ``process`` noted ``step`` in the timeline of ``checkpoint``
+    (:class:`Timeline`): a standby that went back to waiting notes ``warm`` again."""
+    driver = _drivers.get(process.pid)
+    return sum(1 for e in Timeline(checkpoint).read()
+               if e["step"] == step and (e.get("driver") == driver if driver else e["pid"] == process.pid))
+
+
 def reached(process: subprocess.Popen[bytes], checkpoint: str, step: str) -> bool:
     """The driver ``process`` noted ``step`` in the timeline of ``checkpoint`` (:class:`Timeline`)."""
-    driver = _drivers.get(process.pid)
-    return any(e["step"] == step and (e.get("driver") == driver if driver else e["pid"] == process.pid)
-               for e in Timeline(checkpoint).read())
+    return times_reached(process, checkpoint, step) > 0
 
 
 def wait_step(process: subprocess.Popen[bytes], checkpoint: str, step: str, timeout_s: float, where: str) -> None:
@@ -234,6 +240,10 @@ class DriverProcess:
                 logger.warning("verify: pipeline %s: the driver's Spark did not start (exit %s); starting it once "
                                "more; its log ends: %s", self.pipeline, self.process.returncode, log_tail(self.log, LOG_TAIL_LINES))
                 self.ensure_running()
+
+    def times_reached(self, step: str) -> int:
+        """How often the current driver process noted ``step`` (:func:`times_reached`)."""
+        return 0 if self.process is None else times_reached(self.process, self.ctx.checkpoint, step)
 
     def running_query(self) -> bool:
         """The current driver process has started its query."""

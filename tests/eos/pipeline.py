@@ -35,6 +35,16 @@ def with_connectors(cases: list[tuple[str, str]]) -> list[tuple[str, str, str]]:
             for connector in (CONNECTORS if both else [random.Random(f"{seed}:{protocol}:{point}").choice(CONNECTORS)])]
 
 
+def drawn(options: list[str], runs_env: str, salt: int = 0) -> list[str]:
+    """The campaign's runs of ``options``: as many as ``runs_env`` says (``make test``: 1 by
+    default; ``make test-long``: all), drawn from the run's seed (plus ``salt``, so that two
+    campaigns over the same options draw apart), in the order of ``options``: successive runs of
+    the suite cover all of them."""
+    runs = min(int(os.environ.get(runs_env, "1")), len(options))
+    chosen = random.Random(int(os.environ["ONCEKIT_VERIFY_SEED"]) + salt).sample(options, runs)
+    return sorted(chosen, key=options.index)
+
+
 def read_by(query: OncekitQuery) -> str:
     """Which connector read a finished query's input: Spark's source names itself KafkaV2 in
     the query's progress, the kit's by its format."""

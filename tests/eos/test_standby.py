@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import time
 from collections import Counter
 from pathlib import Path
@@ -26,7 +25,7 @@ from oncekit.verify import PipelineContext, compare, start_example
 from oncekit.verify.driver import DriverProcess, Timeline
 from oncekit.verify.examples import sink_kind
 from oncekit.verify.io import KafkaOutput, PipelineOutput, prepare_target
-from tests.eos.pipeline import COUNT, produce_input, read_committed
+from tests.eos.pipeline import COUNT, drawn, produce_input, read_committed
 
 pytestmark = [pytest.mark.services, pytest.mark.spark]
 
@@ -61,13 +60,10 @@ STANDBY_PIPELINES = ["kafka-transactional", "postgres-write-ahead-log", "fan-out
 fanned out into a table by two-phase commit and a topic by write-ahead log (each target judged
 on its own). A run of its own for PostgreSQL two-phase commit and Kafka write-ahead log passed
 as well (1 run each, 246 s and 265 s in a full suite) and cost the suite four minutes."""
-RUNS = int(os.environ.get("ONCEKIT_STANDBY_RUNS", "1"))
-"""How many of STANDBY_PIPELINES a run takes (``make test``: 1, about 220 s; ``make test-long``:
-all 3), drawn from the run's seed (tests/conftest.py), so that successive runs cover all three.
-The simulation (tests/sim) explores the interleavings this campaign samples (a driver paused in
-its commit or its abort, kills of each driver) on every protocol; this is its real-service part."""
-DRAWN = sorted(random.Random(int(os.environ["ONCEKIT_VERIFY_SEED"])).sample(STANDBY_PIPELINES, min(RUNS, 3)),
-               key=STANDBY_PIPELINES.index)
+DRAWN = drawn(STANDBY_PIPELINES, "ONCEKIT_STANDBY_RUNS")
+"""The pipelines this run takes (``make test``: 1, about 220 s; ``make test-long``: all 3). The
+simulation (tests/sim) explores the interleavings this campaign samples (a driver paused in its
+commit or its abort, kills of each driver) on every protocol; this is its real-service part."""
 
 
 @pytest.mark.long(230)
@@ -128,10 +124,19 @@ def test_standby_campaign_ends_exactly_once_with_progress_after_every_fault(
             assert time.monotonic() < deadline, f"{pipeline}: {point} never reached; see {by.log}"
             time.sleep(0.2)
 
-    def ended(woken: DriverProcess) -> None:
-        """A woken driver whose lease was taken stops by itself (LeaseLostError or FencedError)."""
+    def stood_aside(woken: DriverProcess, warm_before: int) -> None:
+        """A woken driver whose lease was taken stops its query by itself (LeaseLostError or
+        FencedError): one started as the active driver ends; one started as a standby (it took
+        over earlier) warms up and waits again, for the next failover."""
         assert woken.process is not None
-        woken.process.wait(timeout=120)
+        if not woken.standby:
+            woken.process.wait(timeout=PROGRESS_S)
+            return
+        deadline = time.monotonic() + PROGRESS_S
+        while woken.times_reached("warm") <= warm_before:
+            assert woken.process.poll() is None, f"{pipeline}: the woken standby ended; see {woken.log}"
+            assert time.monotonic() < deadline, f"{pipeline}: the woken standby did not wait again; see {woken.log}"
+            time.sleep(0.5)
 
     try:
         # Each new standby warms up while the step after its start runs.
@@ -164,29 +169,31 @@ def test_standby_campaign_ends_exactly_once_with_progress_after_every_fault(
         arm(crash_dir, "driver_after_journal", hold=True)
         expected.extend(produce_input(kafka, topic, CHUNK, first=len(expected)))
         reached("driver_after_journal", active)
+        warm_before = active.times_reached("warm")
         active.pause()
         paused = time.monotonic()
         caught_up("the active driver paused in its driver commit past its lease's expiry")
         assert time.monotonic() - paused > LIVE_LEASE_S, "the standby took over from a live lease"
         active.resume()
         release(crash_dir, "driver_after_journal")
-        ended(active)
+        stood_aside(active, warm_before)
         active, standby = standby, driver(True)
-        step("the driver paused in its commit woke and stopped")
+        step("the driver paused in its commit woke and stood aside")
         standby.wait_step("warm", PROGRESS_S)
 
         arm(crash_dir, "task_before_write")
         arm(crash_dir, "driver_abort", hold=True)
         expected.extend(produce_input(kafka, topic, CHUNK, first=len(expected)))
         reached("driver_abort", active)
+        warm_before = active.times_reached("warm")
         active.pause()
         arm(crash_dir, "driver_after_journal", hold=True)  # the standby's replay, journaled
         reached("driver_after_journal", standby)
         active.resume()
         release(crash_dir, "driver_abort")
-        ended(active)
+        stood_aside(active, warm_before)
         release(crash_dir, "driver_after_journal")
-        caught_up("the driver paused in its abort woke and stopped")
+        caught_up("the driver paused in its abort woke and stood aside")
         step("more input after the takeover")
 
         for running in drivers:
@@ -203,12 +210,10 @@ def test_standby_campaign_ends_exactly_once_with_progress_after_every_fault(
         output.close()
 
 
-TWO_STANDBY_RUNS = int(os.environ.get("ONCEKIT_TWO_STANDBY_RUNS", "1"))
-"""How many of STANDBY_PIPELINES the two-standby campaign takes (``make test``: 1, drawn from the
-run's seed; ``make test-long``: all 3). The simulation (tests/sim) covers the interleavings of the
-race between standbys; this is its real-service part."""
-TWO_STANDBY_DRAWN = sorted(random.Random(int(os.environ["ONCEKIT_VERIFY_SEED"]) + 1).sample(
-    STANDBY_PIPELINES, min(TWO_STANDBY_RUNS, 3)), key=STANDBY_PIPELINES.index)
+TWO_STANDBY_DRAWN = drawn(STANDBY_PIPELINES, "ONCEKIT_TWO_STANDBY_RUNS", salt=1)
+"""The pipelines the two-standby campaign takes (``make test``: 1; ``make test-long``: all 3). The
+simulation (tests/sim) covers the interleavings of the race between standbys; this is its
+real-service part."""
 KILLS = 3
 FAST_EXPIRY_S = 6.0
 
@@ -311,9 +316,13 @@ def test_a_driver_whose_lease_another_run_took_stops_and_journals_nothing_more(
     while committed() < 1 and time.monotonic() < deadline:
         time.sleep(0.2)
     assert committed() >= 1, "the query committed no batch"
-    # A standby on another host takes the lease over, as if this driver had been paused past its expiry.
+    # A standby on another host took the lease over, as if this driver had been paused past its
+    # expiry, and its first writer recorded the newer epoch it took at the sinks (QueryLease.stamp).
+    held = json.loads((Path(ctx.checkpoint) / LEASE).read_text())
+    assert held["epoch"] >= 1, f"the running query's epoch is not in its lease: {held}"
     (Path(ctx.checkpoint) / LEASE).write_text(json.dumps(
-        {"host": "standby-host", "pid": 1, "process": "standby", "renewed_at": time.time() + 60, "run": "standby"}))
+        {"host": "standby-host", "pid": 1, "process": "standby", "renewed_at": time.time() + 60, "run": "standby",
+         "epoch": held["epoch"] + 1}))
     taken = committed()
     with pytest.raises(Exception, match="lease is held by another driver"):
         query.await_termination(60)

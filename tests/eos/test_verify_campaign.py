@@ -2,7 +2,8 @@
 Postgres and Kafka sinks, one on a Spark standalone cluster, the known-bad configurations the
 checker must catch, and the command line as a new user runs it.
 
-``ONCEKIT_VERIFY_FAULTS`` (default 5) sizes the randomized campaigns, and ``ONCEKIT_VERIFY_SEED``
+``ONCEKIT_VERIFY_FAULTS`` (default 5) sizes the randomized campaigns, ``ONCEKIT_RANDOMIZED_RUNS``
+(default 1, drawn; 2 in ``make test-long``) says how many of their two pipelines run, and ``ONCEKIT_VERIFY_SEED``
 (drawn anew for every run by tests/conftest.py, and printed) draws their faults: a longer
 campaign, or the same faults again, is one variable away. Every campaign's table is printed
 at the end of the run (see conftest's terminal summary) and written as JSON under
@@ -24,6 +25,7 @@ from oncekit.connectors import Services
 from oncekit.connectors.services.spark_cluster import StandaloneCluster
 from oncekit.verify import CampaignReport, Fault, Upstream, run_campaign, schedule, table, write_json
 from tests.docs.console import console_commands
+from tests.eos.pipeline import drawn
 
 pytestmark = [pytest.mark.services, pytest.mark.spark]
 
@@ -50,8 +52,13 @@ def test_schedule_is_reproducible_from_seed() -> None:
     assert not any(f.kind.endswith("-cut") for f in schedule(11, 40, network_cuts=False))
 
 
+RANDOMIZED = drawn(["postgres-two-phase-commit", "kafka-transactional"], "ONCEKIT_RANDOMIZED_RUNS")
+"""The randomized campaign's pipelines: one in ``make test`` (drawn from the run's seed, about
+170 s each), both in ``make test-long``."""
+
+
 @pytest.mark.long(900)
-@pytest.mark.parametrize("pipeline", ["postgres-two-phase-commit", "kafka-transactional"])
+@pytest.mark.parametrize("pipeline", RANDOMIZED)
 def test_randomized_campaign_every_fault_exactly_once(services: Services, pipeline: str,
                                                       campaign_tables: list[str]) -> None:
     upstream = Upstream(duplicates=0.02, malformed=0.01, late=0.02, seed=SEED)
