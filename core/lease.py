@@ -357,10 +357,11 @@ def wait_free(checkpoints: Sequence[str], poll_s: float = 0.05, announce: Callab
     ``call`` runs that often while it waits (:func:`oncekit.core.spark.standby.stand_by`'s warm-up)."""
     told: set[tuple[str, str]] = set()
     last = clock.monotonic()
+    leases = {checkpoint: QueryLease(checkpoint) for checkpoint in checkpoints}
     while True:
         me = driver or Driver.this()
-        held = [(checkpoint, holder) for checkpoint in checkpoints
-                if (holder := QueryLease(checkpoint).holder()) is not None and not holder.of_driver(me)]
+        held = [(checkpoint, holder) for checkpoint, lease in leases.items()
+                if (holder := lease.holder()) is not None and not holder.of_driver(me)]
         if not held:
             return
         for checkpoint, holder in held:

@@ -22,7 +22,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from tests.sim.scheduler import Scheduler
+from tests.sim.scheduler import Label, Scheduler, prefixed
 
 SERVERS_PREFIX = "sim-kafka:"
 MAX_TIMEOUT_MS = 900_000
@@ -60,8 +60,8 @@ class Cluster:
         self.configs: dict[str, dict[str, str]] = {}
         self.coordinators: dict[str, Coordinator] = {}
 
-    def step(self, label: str) -> None:
-        self.scheduler.step(f"kafka {label}")
+    def step(self, label: Label) -> None:
+        self.scheduler.step(prefixed("kafka ", label))
 
     def coordinator(self, transactional_id: str) -> Coordinator:
         self.expire()
@@ -128,7 +128,7 @@ class Producer:
 
     def init_transactions(self, timeout: float | None = None) -> None:
         assert self.transactional_id is not None
-        self.cluster.step(f"init_transactions {self.transactional_id}")
+        self.cluster.step(lambda: f"init_transactions {self.transactional_id}")
         found = self.cluster.coordinator(self.transactional_id)
         if found.open is not None:
             self.cluster.end(found.open, committed=False)
@@ -143,7 +143,7 @@ class Producer:
 
     def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None, partition: int = -1,
                 **kwargs: Any) -> None:
-        self.cluster.step(f"produce {topic}")
+        self.cluster.step(lambda: f"produce {topic}")
         if topic not in self.cluster.topics:
             raise _error(KafkaError._UNKNOWN_TOPIC, f"unknown topic {topic}")
         count = len(self.cluster.topics[topic])
@@ -168,7 +168,7 @@ class Producer:
         self.cluster.topics[topic][partition].append(record)
 
     def commit_transaction(self, timeout: float | None = None) -> None:
-        self.cluster.step(f"commit_transaction {self.transactional_id}")
+        self.cluster.step(lambda: f"commit_transaction {self.transactional_id}")
         self._live("commit_transaction")
         assert self.transactional_id is not None and self.txn is not None
         self.cluster.end(self.txn, committed=True)
@@ -176,7 +176,7 @@ class Producer:
         self.txn = None
 
     def abort_transaction(self, timeout: float | None = None) -> None:
-        self.cluster.step(f"abort_transaction {self.transactional_id}")
+        self.cluster.step(lambda: f"abort_transaction {self.transactional_id}")
         self._live("abort_transaction")
         assert self.transactional_id is not None
         if self.txn is not None:
@@ -232,7 +232,7 @@ class Consumer:
 
     def get_watermark_offsets(self, partition: TopicPartition, timeout: float | None = None,
                               cached: bool = False) -> tuple[int, int]:
-        self.cluster.step(f"watermarks {partition.topic}[{partition.partition}]")
+        self.cluster.step(lambda: f"watermarks {partition.topic}[{partition.partition}]")
         return 0, len(self.cluster.topics[partition.topic][partition.partition])
 
     def assign(self, partitions: list[TopicPartition]) -> None:
@@ -245,7 +245,7 @@ class Consumer:
     def poll(self, timeout: float | None = None) -> _Message | None:
         assert self.position is not None
         topic, partition, offset = self.position
-        self.cluster.step(f"poll {topic}[{partition}] at {offset}")
+        self.cluster.step(lambda: f"poll {topic}[{partition}] at {offset}")
         log = self.cluster.topics[topic][partition]
         end = self.cluster.stable(topic, partition) if self.read_committed else len(log)
         while offset < end and log[offset].state != "committed":

@@ -29,7 +29,7 @@ from oncekit.core.protocol import Committable, SinkOwner, TaskInfo
 from oncekit.sinks.postgres._common import CHECKPOINT_TABLE, DECISION_TABLE, MARKER_TABLE, PARTITION_TABLE
 from oncekit.sinks.postgres._pool import LOCK_TIMEOUT_S
 from oncekit.sinks.postgres._target import DRIVER_IDLE_S, PostgresTarget, PreparingTransaction, older_batch, task_idle_s
-from tests.sim.scheduler import Process, Scheduler
+from tests.sim.scheduler import Label, Process, Scheduler, prefixed, text
 
 if TYPE_CHECKING:
     from oncekit.sinks.postgres.config import PostgresSinkConfig
@@ -94,12 +94,12 @@ class PgServer:
             if txn.process.dead:
                 self.rollback(txn)
 
-    def statement(self, txn: Txn, label: str) -> None:
+    def statement(self, txn: Txn, label: Label) -> None:
         """A statement of ``txn``: a scheduling point, after which the session may be gone."""
         txn.last_active = self.scheduler.time
-        self.scheduler.step(f"postgres {label}")
+        self.scheduler.step(prefixed("postgres ", label))
         if txn.ended:
-            raise SessionLost(f"the server ended the session ({label}): idle in its transaction too long")
+            raise SessionLost(f"the server ended the session ({text(label)}): idle in its transaction too long")
         txn.last_active = self.scheduler.time
 
     def _expire(self, holder: Txn | str | None) -> None:
@@ -108,7 +108,7 @@ class PgServer:
                 and self.scheduler.time - holder.last_active > holder.idle_s:
             self.rollback(holder)
 
-    def wait(self, txn: Txn | None, free: Any, holders: Any, label: str) -> None:
+    def wait(self, txn: Txn | None, free: Any, holders: Any, label: Label) -> None:
         """Wait until ``free()``, ending expired holders; the lock timeout after."""
         def ready() -> bool:
             for holder in holders():
@@ -118,10 +118,10 @@ class PgServer:
         if txn is not None:
             txn.last_active = self.scheduler.time
         if not self.scheduler.wait_until(ready, LOCK_TIMEOUT_S, label):
-            raise OncekitError(f"{label}: lock timeout")
+            raise OncekitError(f"{text(label)}: lock timeout")
         if txn is not None:
             if txn.ended:
-                raise SessionLost(f"the server ended the session ({label})")
+                raise SessionLost(f"the server ended the session ({text(label)})")
             txn.last_active = self.scheduler.time
 
     def commit(self, txn: Txn) -> None:
@@ -166,7 +166,7 @@ class PgServer:
 
     def lock_share(self, txn: Txn, sink: str) -> None:
         self.wait(txn, lambda: sink not in self.exclusive, lambda: [self.exclusive.get(sink)],
-                  f"share lock on {sink}'s row")
+                  lambda: f"share lock on {sink}'s row")
         txn.share.add(sink)
 
     def update_row(self, sink: str, change: Any) -> Any:
@@ -174,9 +174,9 @@ class PgServer:
         txn = self.begin(DRIVER_IDLE_S)
         try:
             self.wait(txn, lambda: not [t for t in self.share_holders(sink) if t is not txn] and sink not in self.exclusive,
-                      lambda: self.share_holders(sink), f"row lock on {sink}'s row")
+                      lambda: self.share_holders(sink), lambda: f"row lock on {sink}'s row")
             self.exclusive[sink] = txn
-            self.statement(txn, f"update {sink}'s row")
+            self.statement(txn, lambda: f"update {sink}'s row")
             result = change(self.sinks.setdefault(sink, {"query_id": "", "checkpoint": "", "epoch": 0}))
         except BaseException:
             self.rollback(txn)
@@ -213,7 +213,7 @@ class SimPostgresTarget(PostgresTarget):
     # -- driver: checks, epoch, owner ----------------------------------------------------------
 
     def preflight(self) -> None:
-        self.server.scheduler.step(f"postgres preflight {self.sink_id}")
+        self.server.scheduler.step(lambda: f"postgres preflight {self.sink_id}")
 
     def take_epoch(self, checkpoint: str, floor: int) -> int:
         def raise_epoch(row: dict[str, Any]) -> int:
@@ -231,7 +231,7 @@ class SimPostgresTarget(PostgresTarget):
             raise FencedError(f"sink {self.sink_id}: this run (epoch {epoch}) was superseded")
 
     def owner(self) -> SinkOwner | None:
-        self.server.scheduler.step(f"postgres owner of {self.sink_id}")
+        self.server.scheduler.step(lambda: f"postgres owner of {self.sink_id}")
         row = self.server.sinks.get(self.sink_id)
         return None if row is None or not row["query_id"] else SinkOwner(row["query_id"], row["checkpoint"])
 
@@ -249,7 +249,7 @@ class SimPostgresTarget(PostgresTarget):
         server = self.server
         txn = server.begin(DRIVER_IDLE_S)
         try:
-            server.statement(txn, f"delete {table} of {self.sink_id}")
+            server.statement(txn, lambda: f"delete {table} of {self.sink_id}")
             self._fence(txn, epoch, f"deleting rows of {table}", lock=True)
             server.statement(txn, "commit")
         except BaseException:
@@ -284,7 +284,7 @@ class SimPostgresTarget(PostgresTarget):
     # -- two-phase commit ----------------------------------------------------------------------
 
     def prepared(self, batch_ids: Iterable[int] | None) -> list[Committable]:
-        self.server.scheduler.step(f"postgres list prepared of {self.sink_id}")
+        self.server.scheduler.step(lambda: f"postgres list prepared of {self.sink_id}")
         wanted = None if batch_ids is None else set(batch_ids)
         found = []
         for gid in sorted(self.server.prepared):
@@ -295,7 +295,7 @@ class SimPostgresTarget(PostgresTarget):
         return found
 
     def finish_prepared(self, transaction_id: str, commit: bool) -> bool:
-        self.server.scheduler.step(f"postgres {'commit' if commit else 'rollback'} prepared {transaction_id}")
+        self.server.scheduler.step(lambda: f"postgres {'commit' if commit else 'rollback'} prepared {transaction_id}")
         txn = self.server.prepared.get(transaction_id)
         if txn is None:
             return False
@@ -303,23 +303,23 @@ class SimPostgresTarget(PostgresTarget):
         return True
 
     def marker_visible(self, transaction_id: str) -> bool:
-        self.server.scheduler.step(f"postgres marker of {transaction_id}")
+        self.server.scheduler.step(lambda: f"postgres marker of {transaction_id}")
         return transaction_id in self.server.markers
 
     def partition_committed(self, batch_id: int, partition_id: int) -> bool:
-        self.server.scheduler.step(f"postgres committed marker of {self.sink_id} {batch_id}/{partition_id}")
+        self.server.scheduler.step(lambda: f"postgres committed marker of {self.sink_id} {batch_id}/{partition_id}")
         return self.server.marker_keys.get((self.sink_id, batch_id, partition_id)) == "committed"
 
     def begin(self, task: TaskInfo) -> PreparingTransaction:
         txn = self.server.begin(task_idle_s())
-        self.server.statement(txn, f"begin {task.transaction_id}")
+        self.server.statement(txn, lambda: f"begin {task.transaction_id}")
         return _SimPreparing(self, task, txn)
 
     def decide(self, batch_id: int, epoch: int, verdict: str) -> str:
         server = self.server
         txn = server.begin(DRIVER_IDLE_S)
         try:
-            server.statement(txn, f"{verdict} {self.sink_id} batch {batch_id} epoch {epoch}")
+            server.statement(txn, lambda: f"{verdict} {self.sink_id} batch {batch_id} epoch {epoch}")
             if verdict == "decided":
                 self._fence(txn, epoch, f"batch {batch_id}", lock=True)
             server.statement(txn, "commit")
@@ -331,7 +331,7 @@ class SimPostgresTarget(PostgresTarget):
         return standing
 
     def decisions(self, batch_ids: Iterable[int]) -> dict[int, set[int]]:
-        self.server.scheduler.step(f"postgres decisions of {self.sink_id}")
+        self.server.scheduler.step(lambda: f"postgres decisions of {self.sink_id}")
         wanted = set(batch_ids)
         found: dict[int, set[int]] = {b: set() for b in wanted}
         for (sink, batch, epoch), verdict in self.server.decisions.items():
@@ -346,17 +346,17 @@ class SimPostgresTarget(PostgresTarget):
         server, key = self.server, (self.sink_id, batch_id)
         txn = server.begin(DRIVER_IDLE_S)
         try:
-            server.statement(txn, f"publish {self.sink_id} batch {batch_id}: recorded?")
+            server.statement(txn, lambda: f"publish {self.sink_id} batch {batch_id}: recorded?")
             if key in server.checkpoints:
                 server.rollback(txn)
                 return False
             for task, batches in parts:
                 for batch in batches:
                     txn.rows += self._rows(batch)
-                server.statement(txn, f"copy partition {task.partition_id}")
+                server.statement(txn, lambda: f"copy partition {task.partition_id}")
             self._fence(txn, epoch, f"batch {batch_id}", lock=True)
             server.wait(txn, lambda: key not in server.checkpoint_keys, lambda: [server.checkpoint_keys.get(key)],
-                        f"recording {key}")
+                        lambda: f"recording {key}")
             if key in server.checkpoints:
                 server.rollback(txn)
                 return False
@@ -369,7 +369,7 @@ class SimPostgresTarget(PostgresTarget):
         return True
 
     def published(self, batch_id: int) -> bool:
-        self.server.scheduler.step(f"postgres recorded {self.sink_id} batch {batch_id}?")
+        self.server.scheduler.step(lambda: f"postgres recorded {self.sink_id} batch {batch_id}?")
         return (self.sink_id, batch_id) in self.server.checkpoints
 
     def write_and_commit(self, task: TaskInfo, batches: Iterator[pa.RecordBatch], epoch: int | None) -> int:
@@ -380,7 +380,7 @@ class SimPostgresTarget(PostgresTarget):
             for batch in batches:
                 txn.rows += self._rows(batch)
                 rows += batch.num_rows
-                server.statement(txn, f"copy {task.sink_id} {task.batch_id}/{task.partition_id}")
+                server.statement(txn, lambda: f"copy {task.sink_id} {task.batch_id}/{task.partition_id}")
             if epoch is not None:
                 where = f"batch {task.batch_id} partition {task.partition_id}"
                 self._fence(txn, epoch, where, lock=True)
@@ -404,21 +404,21 @@ class _SimPreparing(PreparingTransaction):
     def write(self, batch: pa.RecordBatch) -> None:
         self.txn.rows += self.target._rows(batch)
         self.count += batch.num_rows
-        self.target.server.statement(self.txn, f"copy {self.task.transaction_id}")
+        self.target.server.statement(self.txn, lambda: f"copy {self.task.transaction_id}")
 
     def prepare(self) -> int:
         server, task, txn = self.target.server, self.task, self.txn
         key = (task.sink_id, task.batch_id, task.partition_id)
         try:
             self.target._fence(txn, task.epoch, f"batch {task.batch_id} partition {task.partition_id}", lock=False)
-            server.statement(txn, f"insert marker {task.transaction_id}")
+            server.statement(txn, lambda: f"insert marker {task.transaction_id}")
             server.wait(txn, lambda: server.marker_keys.get(key) in (None, "committed"),
-                        lambda: [server.marker_keys.get(key)], f"marker key {key}")
+                        lambda: [server.marker_keys.get(key)], lambda: f"marker key {key}")
             if server.marker_keys.get(key) == "committed":
                 raise CommitError(f"{task.transaction_id}: duplicate key (sink, batch, partition)")
             server.marker_keys[key], txn.marker = txn, key
             txn.marker_row = (task.transaction_id, task.sink_id, task.batch_id, task.partition_id, self.count)
-            server.statement(txn, f"prepare {task.transaction_id}")
+            server.statement(txn, lambda: f"prepare {task.transaction_id}")
         except BaseException:
             server.rollback(txn)
             raise

@@ -24,6 +24,22 @@ import greenlet
 STEP_S = 0.001
 """Virtual time one step takes."""
 
+Label = str | Callable[[], str]
+"""What a step does, for the trace: a text, or what makes it (called only when tracing, so that
+the models do not format labels nobody reads)."""
+
+
+def text(label: Label) -> str:
+    """The label's text (made now, when it is made lazily)."""
+    return label if isinstance(label, str) else label()
+
+
+def prefixed(prefix: str, label: Label) -> Label:
+    """``label`` after ``prefix``, still made only when traced."""
+    if isinstance(label, str):
+        return prefix + label
+    return lambda: prefix + label()
+
 
 class Choices:
     """Where a schedule's decisions come from: ``pick(n)`` is in ``range(n)``. Exploring draws
@@ -32,7 +48,7 @@ class Choices:
 
     def __init__(self, seed: int | None = None, recorded: list[int] | None = None) -> None:
         self._random = random.Random(seed) if recorded is None else None
-        self._recorded = recorded
+        self._recorded: list[int] = recorded or []
         self.made: list[int] = []
 
     def pick(self, n: int) -> int:
@@ -41,7 +57,6 @@ class Choices:
         if self._random is not None:
             value = int(self._random.random() * n)
         else:
-            assert self._recorded is not None
             index = len(self.made)
             value = self._recorded[index] % n if index < len(self._recorded) else 0
         self.made.append(value)
@@ -57,7 +72,7 @@ class Killed(greenlet.GreenletExit):
     runs on (its ``finally`` blocks meet :meth:`Scheduler.step`, which raises it again)."""
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Process:
     """A process of the simulated cluster (a driver, an executor): what a pause or kill hits."""
 
@@ -67,7 +82,7 @@ class Process:
     on_kill: list[Callable[[], None]] = field(default_factory=list)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Actor:
     name: str
     process: Process
@@ -101,28 +116,30 @@ class Scheduler:
     def __init__(self, choices: Choices, trace: bool = False) -> None:
         self.choices = choices
         self.time = 0.0
-        self.actors: list[Actor] = []  # live ones
+        self.actors: list[Actor] = []  # live ones (and those that ended since the last step)
         self.everyone: list[Actor] = []
         self.current: Actor | None = None
         self.steps = 0
         self.trace: list[str] | None = [] if trace else None
         self._main = greenlet.getcurrent()
+        self._ended = False  # an actor finished or a process was killed: drop them from actors
 
     # -- called by actors (through the models) ---------------------------------------------------
 
-    def step(self, label: str = "", wake_at: float = 0.0) -> None:
+    def step(self, label: Label = "", wake_at: float = 0.0) -> None:
         """An actor reached an operation: let the scheduler choose who goes on (this actor again
         no earlier than ``wake_at``)."""
         actor = self.current
         if actor is None:
             return  # outside the simulation (building the world)
-        if actor.process.dead:
+        process = actor.process
+        if process.dead:
             raise Killed()
         actor.wake_at = wake_at
         if self.trace is not None:
-            self.trace.append(f"{self.time:9.3f} {actor.name}: {label}")
+            self.trace.append(f"{self.time:9.3f} {actor.name}: {text(label)}")
         self._main.switch()
-        if actor.process.dead:
+        if process.dead:
             raise Killed()
 
     def sleep(self, seconds: float) -> None:
@@ -130,20 +147,21 @@ class Scheduler:
         if actor is None:
             self.time += seconds
             return
-        self.step(f"sleep {seconds:.3f}", self.time + seconds)
+        self.step(lambda: f"sleep {seconds:.3f}", self.time + seconds)
 
-    def wait_until(self, ready: Callable[[], bool], timeout_s: float, label: str) -> bool:
+    def wait_until(self, ready: Callable[[], bool], timeout_s: float, label: Label) -> bool:
         """Block the current actor until ``ready()`` or ``timeout_s`` of virtual time passed;
         whether it became ready."""
         deadline = self.time + timeout_s
         actor = self.current
         assert actor is not None
+        waiting = prefixed("wait ", label)
         while not ready():
             if self.time >= deadline:
                 return False
             actor.ready = ready
             try:
-                self.step(f"wait {label}", deadline)
+                self.step(waiting, deadline)
             finally:
                 actor.ready = None
         return True
@@ -162,6 +180,7 @@ class Scheduler:
                 actor.error = exc
             finally:
                 actor.done = True
+                self._ended = True
 
         actor.glet = greenlet.greenlet(body, parent=self._main)
         self.actors.append(actor)
@@ -172,6 +191,7 @@ class Scheduler:
         if process.dead:
             return
         process.dead = True
+        self._ended = True
         if self.trace is not None:
             self.trace.append(f"{self.time:9.3f} ** kill {process.name}")
         for hook in process.on_kill:
@@ -182,30 +202,39 @@ class Scheduler:
         if self.trace is not None:
             self.trace.append(f"{self.time:9.3f} ** pause {process.name} for {seconds:.1f} s")
 
-    def _runnable(self, actor: Actor) -> bool:
-        if actor.done or actor.process.dead or actor.process.paused_until > self.time:
-            return False
-        if actor.ready is not None:
-            return actor.ready() or self.time >= actor.wake_at
-        return self.time >= actor.wake_at
-
     def run(self, max_steps: int, between: Callable[[], None] = lambda: None) -> bool:
         """Run until every live actor is done (True) or ``max_steps`` steps (False); ``between``
-        runs before each step (the world's faults)."""
+        runs before each step (the world's faults).
+
+        An actor is runnable when its process is neither dead nor paused and its wait is over
+        (its ``ready()`` is asked first, every time: the models' conditions end expired sessions);
+        the first live actor in spawning order is choice 0. When none is, time jumps to the
+        earliest wake-up."""
+        pick = self.choices.pick
         while self.steps < max_steps:
-            live = self.actors = [a for a in self.actors if not a.done and not a.process.dead]
+            if self._ended:
+                self._ended = False
+                self.actors = [a for a in self.actors if not a.done and not a.process.dead]
+            live = self.actors  # a process killed by ``between`` leaves it at the next step
             if not live:
                 return True
             between()
-            runnable = [a for a in live if self._runnable(a)]
+            now = self.time
+            runnable = []
+            for actor in live:
+                process = actor.process
+                if actor.done or process.dead or process.paused_until > now:
+                    continue
+                ready = actor.ready
+                if (ready() or now >= actor.wake_at) if ready is not None else now >= actor.wake_at:
+                    runnable.append(actor)
             if not runnable:
-                waits = [max(a.wake_at, a.process.paused_until) for a in live]
-                self.time = max(self.time + STEP_S, min(waits))
+                self.time = max(now + STEP_S, min([max(a.wake_at, a.process.paused_until) for a in live]))
                 continue
-            actor = runnable[self.choices.pick(len(runnable))]
+            actor = runnable[pick(len(runnable))] if len(runnable) > 1 else runnable[0]
             self.current = actor
             self.steps += 1
-            self.time += STEP_S
+            self.time = now + STEP_S
             actor.glet.switch()
             self.current = None
         return False

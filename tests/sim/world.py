@@ -38,6 +38,7 @@ from oncekit.core.protocol import Committable, SinkConfig, TaskInfo
 from oncekit.core.restart import superseded
 from oncekit.core.run import QueryRun, commit_batch, open_run, settle
 from oncekit.core.spark_log import SparkLog
+from oncekit.connectors import kafka as kafka_connector
 from oncekit.connectors.kafka import CLIENTS, register_clients
 from oncekit.sinks.kafka import _common as kafka_common
 from oncekit.sinks.kafka import _markers as kafka_markers
@@ -48,7 +49,7 @@ from oncekit.sinks.postgres._target import register_target
 from tests.sim.kafka import SERVERS_PREFIX, Clients, Cluster
 from tests.sim.postgres import DSN_PREFIX, PgServer, SimPostgresTarget
 from tests.sim.scheduler import Choices, Process, Scheduler, VirtualClock
-from tests.sim.storage import MemoryStore, install
+from tests.sim.storage import MemoryStore, install, uninstall
 
 PROTOCOLS = ("postgres-two-phase-commit", "postgres-write-ahead-log", "postgres-idempotent", "kafka-transactional",
              "kafka-write-ahead-log", "fan-out")
@@ -137,7 +138,7 @@ class World:
         self.faults_left = scenario.faults
         self.last_fault_step = 0
         self.violations: list[str] = []
-        self.store.files["/cp/metadata"] = json.dumps({"id": "query-1"}).encode()
+        self.store.put("/cp/metadata", json.dumps({"id": "query-1"}).encode())
 
     # -- the query -----------------------------------------------------------------------------
 
@@ -284,10 +285,10 @@ class World:
 
     def write_once(self, path: str) -> None:
         """Spark's log entry, created if absent (HDFS's rename): a second writer fails its query."""
-        self.scheduler.step(f"spark log {path}")
+        self.scheduler.step(lambda: f"spark log {path}")
         if path in self.store.files:
             raise SparkConcurrentUpdate(f"{path} was written by another query")
-        self.store.files[path] = b"v1"
+        self.store.put(path, b"v1")
 
     def run_tasks(self, driver: SimDriver, epoch: int, batch_id: int) -> list[Committable]:
         results: dict[int, list[Committable]] = {}
@@ -379,6 +380,8 @@ class World:
             kafka_common.LATEST_INIT = previous_init
             parallel.run_inline(False)
             CLIENTS._idle.clear()  # this world's clients: no other world reaches its cluster
+            kafka_connector._CLIENTS_OF.pop(self.servers, None)  # nor its servers (each lookup scans them)
+            uninstall(self.name)
             kafka_markers._partitions_seen.clear()  # nor knows its marker topics
 
     def check(self, ended: bool) -> None:
