@@ -77,7 +77,8 @@ def default_conf(cores: int | None = None) -> dict[str, str]:
 
 def spark_session(app_name: str = "oncekit", master: str | None = None, conf: Mapping[str, str] | None = None) -> SparkSession:
     """Get or create the session with ``conf``, then :func:`default_conf` for the settings still
-    unset (:func:`fill_defaults`), logging at WARN.
+    unset (:func:`fill_defaults`), and the log level WARN where nobody chose logging
+    (:func:`quiet_default_logging`).
 
     ``master`` defaults to ``SPARK_MASTER``, then to what spark-submit was given (local[*] if nothing).
     With ``SPARK_REMOTE`` set, a Spark Connect session to that server instead, with the session
@@ -107,9 +108,34 @@ def spark_session(app_name: str = "oncekit", master: str | None = None, conf: Ma
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
-    session.sparkContext.setLogLevel("WARN")
+    quiet_default_logging(session)
     fill_defaults(session)
     return session
+
+
+SPARK_DEFAULT_LOG4J = "org/apache/spark/log4j2-defaults.properties"
+
+
+def quiet_default_logging(session: SparkSession) -> bool:
+    """Called by :func:`spark_session` for a session it started or got: set Spark's log level to
+    WARN only where nobody chose logging (Spark's own default log4j profile is in use, which logs
+    every task at INFO, and ``spark.log.level`` is unset); log that it did. Whether it set it."""
+    conf = session.sparkContext.getConf()
+    if conf.contains("spark.log.level"):
+        return False
+    try:
+        jvm = getattr(session, "_jvm")
+        source = jvm.org.apache.logging.log4j.LogManager.getContext(False).getConfiguration().getConfigurationSource()
+        location = str(source.getLocation() or "")
+    except Exception as exc:  # noqa: BLE001 - another logging backend: it is the job's to set
+        logger.debug("spark session: log4j's configuration unknown (%s); the log level is left as it is", exc)
+        return False
+    if not location.endswith(SPARK_DEFAULT_LOG4J):
+        return False
+    session.sparkContext.setLogLevel("WARN")
+    logger.info("spark session: oncekit set the log level to WARN (Spark's default log4j profile was in use; "
+                "spark.log.level or a log4j2.properties of the job or cluster choose another)")
+    return True
 
 
 def fill_defaults(session: SparkSession) -> dict[str, str]:
