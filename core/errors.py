@@ -8,6 +8,8 @@ column or offset) and never carry a secret. The modules that raise an error re-e
 
 from __future__ import annotations
 
+import re
+
 
 class OncekitError(Exception):
     """Root of every error oncekit raises."""
@@ -120,3 +122,26 @@ class PipelineError(OncekitError):
 
 class VerifyError(OncekitError):
     """The pipeline under test could not be run at all (as opposed to a failed verdict)."""
+
+
+_NAMED = re.compile(r"\boncekit\.core\.errors\.(\w+): ([^\n]*)")
+
+
+def as_oncekit_error(error: BaseException) -> BaseException:
+    """``error`` as the kit's own class where it is one, or carries one: an error raised in a
+    Python worker (a task on an executor, a stream writer's commit in the driver's planner
+    process) reaches the driver only as the text of Spark's StreamingQueryException, whose
+    traceback names the class (the last one named is the error that ended the worker). That
+    class is raised again on the driver with the worker's message, and Spark's exception as its
+    ``__cause__``, so ``except BadRecordError`` works in a job. Anything else is returned as it
+    is. Called by :meth:`~oncekit.core.spark.query.OncekitQuery.await_termination` and by the
+    restart strategy."""
+    if isinstance(error, OncekitError):
+        return error
+    found = _NAMED.findall(str(error))
+    kind = globals().get(found[-1][0]) if found else None
+    if not (isinstance(kind, type) and issubclass(kind, OncekitError)):
+        return error
+    translated = kind(found[-1][1])
+    translated.__cause__ = error
+    return translated

@@ -28,6 +28,7 @@ from oncekit.core.errors import (
     QueryStuckError,
     ReplayError,
     RestartsExhaustedError,
+    as_oncekit_error,
 )
 from oncekit.core.lease import release_idle
 
@@ -134,12 +135,9 @@ UNRESTARTABLE: tuple[type[OncekitError], ...] = (AccessError, FencedError, Lease
 
 
 def restartable(error: BaseException) -> bool:
-    """Whether a restart may mend ``error``. A kit error raised in a Python worker reaches the
-    driver inside Spark's StreamingQueryException, as text that names its class."""
-    if isinstance(error, UNRESTARTABLE):
-        return False
-    text = str(error)
-    return isinstance(error, Exception) and not any(f"{kind.__module__}.{kind.__name__}" in text for kind in UNRESTARTABLE)
+    """Whether a restart may mend ``error`` (a kit error raised in a Python worker counts as its
+    class: :func:`~oncekit.core.errors.as_oncekit_error`)."""
+    return isinstance(error, Exception) and not isinstance(as_oncekit_error(error), UNRESTARTABLE)
 
 
 SUPERSEDED: tuple[type[OncekitError], ...] = (FencedError, LeaseHeldError, LeaseLostError)
@@ -148,11 +146,8 @@ SUPERSEDED: tuple[type[OncekitError], ...] = (FencedError, LeaseHeldError, Lease
 
 def superseded(error: BaseException) -> bool:
     """Whether ``error`` says another driver runs the query now (raised here, or in a Python
-    worker and seen as the text of Spark's StreamingQueryException)."""
-    if isinstance(error, SUPERSEDED):
-        return True
-    text = str(error)
-    return any(f"{kind.__module__}.{kind.__name__}" in text for kind in SUPERSEDED)
+    worker: :func:`~oncekit.core.errors.as_oncekit_error`)."""
+    return isinstance(as_oncekit_error(error), SUPERSEDED)
 
 
 def supervise(run: Callable[[], None], strategy: RestartStrategy,

@@ -23,7 +23,7 @@ from pyspark.sql import SparkSession
 
 import oncekit
 from oncekit.core.engine import CheckpointEngine
-from oncekit.core.errors import ConfigError, LeaseLostError
+from oncekit.core.errors import ConfigError, LeaseLostError, as_oncekit_error
 from oncekit.core.fanout import FanOutConfig
 from oncekit.core.lease import keeper, release_idle
 from oncekit.core.protocol import SinkConfig
@@ -206,7 +206,10 @@ class OncekitQuery:
                 if lost is not None:
                     raise lost from exc
                 keeper(self.checkpoint).idle()  # failed: the lease is kept for a restart, at most IDLE_S
-                raise
+                raised = as_oncekit_error(exc)  # a Python worker's error as the kit's own class
+                if raised is exc:
+                    raise
+                raise raised from exc
             stall = self.watchdog.stall if self.watchdog is not None else None
             if self.watchdog is not None and self.watchdog.stuck is not None:
                 raise self.watchdog.stuck from stall

@@ -78,7 +78,7 @@ def default_conf(cores: int | None = None) -> dict[str, str]:
 def spark_session(app_name: str = "oncekit", master: str | None = None, conf: Mapping[str, str] | None = None) -> SparkSession:
     """Get or create the session with ``conf``, then :func:`default_conf` for the settings still
     unset (:func:`fill_defaults`), and the log level WARN where nobody chose logging
-    (:func:`quiet_default_logging`).
+    (``quiet_default_logging``).
 
     ``master`` defaults to ``SPARK_MASTER``, then to what spark-submit was given (local[*] if nothing).
     With ``SPARK_REMOTE`` set, a Spark Connect session to that server instead, with the session

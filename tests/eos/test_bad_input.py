@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 import uuid
@@ -34,7 +35,16 @@ from oncekit.sinks.kafka import kafka_sink
 from oncekit.sinks.postgres import postgres_sink
 from oncekit.sources.kafka import kafka_stream
 from oncekit.verify import compare
-from tests.eos.pipeline import PER_BATCH, integers, prepared_transactions, produce_input, read_committed, run_available_now, table_ids
+from tests.eos.pipeline import (
+    PER_BATCH,
+    integers,
+    prepared_after_the_sweep,
+    prepared_transactions,
+    produce_input,
+    read_committed,
+    run_available_now,
+    table_ids,
+)
 
 pytestmark = pytest.mark.services
 
@@ -277,6 +287,31 @@ def test_a_retired_querys_paused_driver_committing_during_a_takeovers_start_cann
 def drain(spark: Any, kafka: KafkaConfig, topic: str, sink: SinkConfig, checkpoint: str) -> None:
     """(Re)start the example stream of ``topic`` into ``sink`` and run it until the input is drained."""
     run_available_now(integers(spark, kafka, topic, PER_BATCH), sink, checkpoint)
+
+
+@pytest.mark.spark
+def test_a_row_postgresql_refuses_in_a_task_is_caught_on_the_driver_as_bad_record_error(
+        spark: Any, kafka: KafkaConfig, postgres_dsn: str, topic: str, table: str, tmp_path: Path) -> None:
+    """A job's ``except BadRecordError`` catches a row the target refused in a task on an
+    executor: the error crosses Spark as the kit's own class, with Spark's exception chained,
+    and nothing of the batch is visible. After the fix a restart is exactly-once."""
+    sink, checkpoint = postgres_sink(postgres_dsn, table, "two-phase-commit"), str(tmp_path / "checkpoint")
+    expected = produce_input(kafka, topic, 100, first=40_000)
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        conn.execute(f"ALTER TABLE {table} ALTER COLUMN id TYPE smallint")
+    try:
+        drain(spark, kafka, topic, sink, checkpoint)
+        raise AssertionError("the query wrote ids out of the column's range")
+    except BadRecordError as exc:
+        assert re.search(rf"sink {sink.sink_id} batch \d+ partition \d+: row \d+ of the partition, column id: .*out of range",
+                         str(exc)), exc
+        assert exc.__cause__ is not None and "StreamingQueryException" in type(exc.__cause__).__name__
+    assert table_ids(postgres_dsn, table) == [] and prepared_after_the_sweep(postgres_dsn, table) == []
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        conn.execute(f"ALTER TABLE {table} ALTER COLUMN id TYPE int")
+    drain(spark, kafka, topic, sink, checkpoint)
+    verdict = compare(expected, table_ids(postgres_dsn, table))
+    assert verdict.exactly_once, verdict.summary()
 
 
 @pytest.fixture
