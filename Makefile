@@ -75,7 +75,7 @@ CAMPAIGNS := tests/eos/test_verify_campaign.py tests/eos/test_soak.py tests/eos/
 test-long: install broker connector engine
 	. .oncekit/engine.env && ONCEKIT_TEST_BACKEND=$${ONCEKIT_TEST_BACKEND:-containers} ONCEKIT_VERIFY_FAULTS=100 \
 		ONCEKIT_SOAK_S=1800 ONCEKIT_STANDBY_RUNS=3 ONCEKIT_TWO_STANDBY_RUNS=3 ONCEKIT_RANDOMIZED_RUNS=2 \
-		ONCEKIT_CRASH_CONNECTORS=both \
+		ONCEKIT_CRASH_CONNECTORS=both ONCEKIT_FULL_SIZE=1 \
 		ONCEKIT_SIM_SCHEDULES=200000 $(PY) -m pytest $(PYTEST_ARGS) $(CAMPAIGNS)
 
 # Quix Streams, a peer in the benchmarks (the bench extra), runs in a venv of its own: it pins

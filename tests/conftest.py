@@ -138,6 +138,8 @@ class CampaignTables(list[str]):
 _CAMPAIGN_TABLES = CampaignTables()
 _TABLES_ENV = "ONCEKIT_CAMPAIGN_TABLES_DIR"
 SEED_ENV = "ONCEKIT_VERIFY_SEED"
+FULL_SIZE_ENV = "ONCEKIT_FULL_SIZE"
+"""Set to 1 by ``make test-long``: the tests marked ``full_size`` run too."""
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -159,12 +161,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Under pytest-xdist, the tests that share a module-scoped fixture (a three-broker cluster,
     secured services, a Spark standalone cluster) run in one worker, which starts it once. Tests
     marked ``long`` go first, longest first: xdist hands the first tests to its workers in turn,
-    so the longest ones run side by side instead of one after another at the end of the run."""
+    so the longest ones run side by side instead of one after another at the end of the run.
+    Tests marked ``full_size`` are skipped unless ``ONCEKIT_FULL_SIZE=1`` (``make test-long``)."""
     def expected_s(item: pytest.Item) -> float:
         marker = item.get_closest_marker("long")
         return float(marker.args[0]) if marker is not None else 0.0
 
     items.sort(key=expected_s, reverse=True)  # stable: the others keep their order
+    if os.environ.get(FULL_SIZE_ENV) != "1":
+        skip = pytest.mark.skip(reason=f"a full-size campaign: make test-long runs it ({FULL_SIZE_ENV}=1)")
+        for item in items:
+            if item.get_closest_marker("full_size") is not None:
+                item.add_marker(skip)
     for item in items:
         info = getattr(item, "_fixtureinfo", None)
         if info is not None and any(d.scope == "module" for defs in info.name2fixturedefs.values() for d in defs):

@@ -1,14 +1,16 @@
 """Failover with a standby driver, fenced at the sinks (issue 33), against real Kafka, PostgreSQL
-and Spark: the standby campaign runs every protocol through a transient failure, kills of the
-active driver, of the standby and of both, and an active driver paused past its lease's expiry in
-its driver commit and in its abort, and ends exactly once with progress after every fault; a
-driver whose lease another run took stops its query and journals nothing more; a second driver
-from another pid namespace with the same host name is refused."""
+and Spark: an active driver paused past its lease's expiry in its driver commit and in its abort
+is taken over and changes nothing; with two warm standbys exactly one takes over after each kill
+of the active driver; a standby keeps waiting through a restart in place and takes over after
+every kill (``make test-long``); a driver whose lease another run took, or whose sink a newer run
+took at the target, stops; a second driver from another pid namespace with the same host name is
+refused. The simulation (tests/sim) explores the interleavings of all of these on every protocol;
+these are their real-service part.
+"""
 
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections import Counter
 from pathlib import Path
@@ -19,6 +21,8 @@ import pytest
 from oncekit.connectors import KafkaConfig
 from oncekit.connectors.kafka_admin import create_topic
 from oncekit.core.crash import arm, fired, fired_at, release
+from oncekit.core.engine import CheckpointEngine
+from oncekit.core.errors import FencedError
 from oncekit.core.lease import EXPIRY_ENV, LEASE
 from oncekit.core.spark_log import SparkLog
 from oncekit.verify import PipelineContext, compare, start_example
@@ -61,62 +65,139 @@ fanned out into a table by two-phase commit and a topic by write-ahead log (each
 on its own). A run of its own for PostgreSQL two-phase commit and Kafka write-ahead log passed
 as well (1 run each, 246 s and 265 s in a full suite) and cost the suite four minutes."""
 DRAWN = drawn(STANDBY_PIPELINES, "ONCEKIT_STANDBY_RUNS")
-"""The pipelines this run takes (``make test``: 1, about 220 s; ``make test-long``: all 3). The
-simulation (tests/sim) explores the interleavings this campaign samples (a driver paused in its
-commit or its abort, kills of each driver) on every protocol; this is its real-service part."""
+"""The pipelines the single-standby campaigns take (``make test``: 1; ``make test-long``: all 3)."""
 
 
-@pytest.mark.long(230)
-@pytest.mark.parametrize("pipeline", DRAWN)
-def test_standby_campaign_ends_exactly_once_with_progress_after_every_fault(
-    kafka: KafkaConfig, postgres_dsn: str, topic: str, unique_name: str, tmp_path: Path, crash_dir: Path,
-    pipeline: str,
-) -> None:
-    """An active driver and a warm standby on one checkpoint, through every fault of a failover:
+class Failover:
+    """A standby campaign's query on ``pipeline``: its drivers, its input so far and its output,
+    and what every campaign does between two faults. ``close`` kills what still runs."""
 
-    - a transient task failure of the active driver (``local[2]``: Spark does not retry the
-      task, so the query fails): it restarts in place and the standby keeps waiting;
-    - kill -9 of the standby, of the active driver, of both one after the other;
-    - the active driver paused (SIGSTOP) past its lease's expiry in the middle of its driver
-      commit (the batch journaled, not yet logged by Spark): the standby takes over and replays
-      the batch; woken, the old driver's commit goes on, fenced, and it stops;
-    - the active driver paused past the expiry in the middle of its abort of a failed batch,
-      woken once the standby has journaled its replay: it aborts only its own run's work.
+    def __init__(self, pipeline: str, kafka: KafkaConfig, postgres_dsn: str, topic: str, out: str, logs: Path,
+                 crash_dir: Path, expiry_s: float) -> None:
+        prepare_target(pipeline, kafka, postgres_dsn, out)
+        self.pipeline, self.kafka, self.topic, self.logs, self.crash_dir = pipeline, kafka, topic, logs, crash_dir
+        self.ctx = PipelineContext(kafka.bootstrap_servers, topic, out, str(logs / "checkpoint"), dsn=postgres_dsn,
+                                   trigger={"processingTime": "1 second"}, max_offsets_per_trigger=500)
+        self.env = {EXPIRY_ENV: str(expiry_s), "SPARK_MASTER": "local[2]"}
+        self.drivers: list[DriverProcess] = []
+        self.expected: list[int] = []
+        self.output = PipelineOutput(sink_kind(pipeline), kafka, postgres_dsn, out)
 
-    After each fault all input so far is committed within PROGRESS_S; at the end the output is
-    the input exactly once (per target), nothing prepared, no transaction open, nothing staged."""
-    out = unique_name
-    prepare_target(pipeline, kafka, postgres_dsn, out)
-    ctx = PipelineContext(kafka.bootstrap_servers, topic, out, str(tmp_path / "checkpoint"), dsn=postgres_dsn,
-                          trigger={"processingTime": "1 second"}, max_offsets_per_trigger=500)
-    env = {EXPIRY_ENV: str(LEASE_EXPIRY_S), "SPARK_MASTER": "local[2]"}
-    drivers: list[DriverProcess] = []
-    expected: list[int] = []
-    output = PipelineOutput(sink_kind(pipeline), kafka, postgres_dsn, out)
-    restarts = Path(ctx.checkpoint + ".restarts")
-
-    def driver(standby: bool) -> DriverProcess:
-        started = DriverProcess(pipeline, ctx, str(crash_dir), tmp_path / f"driver{len(drivers)}.log", env,
-                                standby=standby)
-        drivers.append(started)
+    def driver(self, standby: bool) -> DriverProcess:
+        """A driver process started on the query (as a standby: warming up, waiting)."""
+        started = DriverProcess(self.pipeline, self.ctx, str(self.crash_dir), self.logs / f"driver{len(self.drivers)}.log",
+                                self.env, standby=standby)
+        self.drivers.append(started)
         started.ensure_running()
         if not standby:  # its query holds the lease before a standby is started beside it
             started.wait_step("query", PROGRESS_S)
         return started
 
-    def caught_up(after: str) -> None:
+    def more_input(self) -> None:
+        self.expected.extend(produce_input(self.kafka, self.topic, CHUNK, first=len(self.expected)))
+
+    def caught_up(self, after: str) -> None:
         """All input so far committed within PROGRESS_S, else a stall named by step."""
-        want = Counter(output.wanted(expected))
+        want = Counter(self.output.wanted(self.expected))
         deadline = time.monotonic() + PROGRESS_S
-        while want - Counter(output.read()):
+        while missing := want - Counter(self.output.read()):
             if time.monotonic() > deadline:
-                raise AssertionError(f"{pipeline}: stall after {after}: {sum((want - Counter(output.read())).values())} "
-                                     f"records missing after {PROGRESS_S:.0f} s; driver logs in {tmp_path}")
+                raise AssertionError(f"{self.pipeline}: stall after {after}: {sum(missing.values())} records missing "
+                                     f"after {PROGRESS_S:.0f} s; driver logs in {self.logs}")
             time.sleep(0.5)
 
-    def step(after: str) -> None:
-        expected.extend(produce_input(kafka, topic, CHUNK, first=len(expected)))
-        caught_up(after)
+    def step(self, after: str) -> None:
+        self.more_input()
+        self.caught_up(after)
+
+    def finish(self) -> None:
+        """Stop every driver; the output is the input exactly once, nothing left open."""
+        for running in self.drivers:
+            running.stop()
+        time.sleep(1.0)  # late duplicates would show
+        verdict = compare(self.output.wanted(self.expected), self.output.read())
+        assert verdict.exactly_once, verdict.summary()
+        assert self.output.left_open(self.ctx.checkpoint) == []
+
+    def close(self) -> None:
+        for running in self.drivers:
+            running.kill()
+        self.output.close()
+
+
+@pytest.mark.full_size
+@pytest.mark.long(200)
+@pytest.mark.parametrize("pipeline", DRAWN)
+def test_standby_keeps_waiting_through_a_restart_in_place_and_takes_over_after_every_kill(
+    kafka: KafkaConfig, postgres_dsn: str, topic: str, unique_name: str, tmp_path: Path, crash_dir: Path,
+    pipeline: str,
+) -> None:
+    """An active driver and a warm standby on one checkpoint, through the kills of a failover:
+
+    - a transient task failure of the active driver (``local[2]``: Spark does not retry the
+      task, so the query fails): it restarts in place and the standby keeps waiting;
+    - kill -9 of the standby, of the active driver, of both one after the other.
+
+    After each fault all input so far is committed within PROGRESS_S; at the end the output is
+    the input exactly once (per target), nothing prepared, no transaction open, nothing staged.
+    The simulation explores these interleavings on every protocol in ``make test``; the
+    two-standby campaign kills the active driver there on real services."""
+    campaign = Failover(pipeline, kafka, postgres_dsn, topic, unique_name, tmp_path, crash_dir, LEASE_EXPIRY_S)
+    driver, step = campaign.driver, campaign.step
+    restarts = Path(campaign.ctx.checkpoint + ".restarts")
+    try:
+        # Each new standby warms up while the step after its start runs.
+        active, standby = driver(False), driver(True)
+        step("the start")
+        standby.wait_step("warm", PROGRESS_S)
+
+        arm(crash_dir, "task_before_write")
+        step("a transient task failure of the active driver")
+        assert fired(crash_dir) == ["task_before_write"]
+        assert len(restarts.read_text().splitlines()) == 1, f"restarts: {restarts.read_text()}"
+        assert active.process is not None and active.process.poll() is None, "the active driver ended"
+        assert not [e for e in Timeline(campaign.ctx.checkpoint).read() if e["step"] == "takeover"], \
+            "the standby took over from a driver that only restarted its query"
+
+        standby.kill()
+        standby = driver(True)
+        step("kill -9 of the standby")
+        standby.wait_step("warm", PROGRESS_S)
+        active.kill()
+        active, standby = standby, driver(True)
+        step("kill -9 of the active driver (the standby took over)")
+        standby.wait_step("warm", PROGRESS_S)
+        active.kill()
+        standby.kill()
+        driver(False)  # a supervisor starts both again
+        driver(True)
+        step("kill -9 of the active driver and then of the standby")
+        campaign.finish()
+    finally:
+        campaign.close()
+
+
+@pytest.mark.long(230)
+@pytest.mark.parametrize("pipeline", DRAWN)
+def test_a_driver_paused_past_its_lease_in_its_commit_or_its_abort_is_taken_over_and_changes_nothing(
+    kafka: KafkaConfig, postgres_dsn: str, topic: str, unique_name: str, tmp_path: Path, crash_dir: Path,
+    pipeline: str,
+) -> None:
+    """An active driver and a warm standby on one checkpoint; the active driver is paused
+    (SIGSTOP of its whole process group: JVM, Python workers, open sessions and transactions)
+    past its lease's expiry:
+
+    - in the middle of its driver commit (the batch journaled, not yet logged by Spark): the
+      standby takes over and replays the batch; woken, the old driver's commit goes on, fenced,
+      and it stops;
+    - in the middle of its abort of a failed batch, woken once the standby has journaled its
+      replay: it aborts only its own run's work and, having taken over as a standby before,
+      waits again.
+
+    After each fault all input so far is committed within PROGRESS_S; at the end the output is
+    the input exactly once (per target), nothing prepared, no transaction open, nothing staged."""
+    campaign = Failover(pipeline, kafka, postgres_dsn, topic, unique_name, tmp_path, crash_dir, LEASE_EXPIRY_S)
+    driver, step, caught_up = campaign.driver, campaign.step, campaign.caught_up
 
     def reached(point: str, by: DriverProcess) -> None:
         deadline = time.monotonic() + PROGRESS_S
@@ -139,35 +220,12 @@ def test_standby_campaign_ends_exactly_once_with_progress_after_every_fault(
             time.sleep(0.5)
 
     try:
-        # Each new standby warms up while the step after its start runs.
         active, standby = driver(False), driver(True)
         step("the start")
         standby.wait_step("warm", PROGRESS_S)
 
-        arm(crash_dir, "task_before_write")
-        step("a transient task failure of the active driver")
-        assert fired(crash_dir) == ["task_before_write"]
-        assert len(restarts.read_text().splitlines()) == 1, f"restarts: {restarts.read_text()}"
-        assert active.process is not None and active.process.poll() is None, "the active driver ended"
-        assert not [e for e in Timeline(ctx.checkpoint).read() if e["step"] == "takeover"], \
-            "the standby took over from a driver that only restarted its query"
-
-        standby.kill()
-        standby = driver(True)
-        step("kill -9 of the standby")
-        standby.wait_step("warm", PROGRESS_S)
-        active.kill()
-        active, standby = standby, driver(True)
-        step("kill -9 of the active driver (the standby took over)")
-        standby.wait_step("warm", PROGRESS_S)
-        active.kill()
-        standby.kill()
-        active, standby = driver(False), driver(True)  # a supervisor starts both again
-        step("kill -9 of the active driver and then of the standby")
-        standby.wait_step("warm", PROGRESS_S)
-
         arm(crash_dir, "driver_after_journal", hold=True)
-        expected.extend(produce_input(kafka, topic, CHUNK, first=len(expected)))
+        campaign.more_input()
         reached("driver_after_journal", active)
         warm_before = active.times_reached("warm")
         active.pause()
@@ -183,7 +241,7 @@ def test_standby_campaign_ends_exactly_once_with_progress_after_every_fault(
 
         arm(crash_dir, "task_before_write")
         arm(crash_dir, "driver_abort", hold=True)
-        expected.extend(produce_input(kafka, topic, CHUNK, first=len(expected)))
+        campaign.more_input()
         reached("driver_abort", active)
         warm_before = active.times_reached("warm")
         active.pause()
@@ -195,19 +253,11 @@ def test_standby_campaign_ends_exactly_once_with_progress_after_every_fault(
         release(crash_dir, "driver_after_journal")
         caught_up("the driver paused in its abort woke and stood aside")
         step("more input after the takeover")
-
-        for running in drivers:
-            running.stop()
-        time.sleep(1.0)  # late duplicates would show
-        verdict = compare(output.wanted(expected), output.read())
-        assert verdict.exactly_once, verdict.summary()
-        assert output.left_open(ctx.checkpoint) == []
+        campaign.finish()
     finally:
         for point in ("driver_abort", "driver_after_journal"):
             release(crash_dir, point)
-        for running in drivers:
-            running.kill()
-        output.close()
+        campaign.close()
 
 
 TWO_STANDBY_DRAWN = drawn(STANDBY_PIPELINES, "ONCEKIT_TWO_STANDBY_RUNS", salt=1)
@@ -236,34 +286,8 @@ def test_with_two_warm_standbys_exactly_one_takes_over_after_each_kill_and_the_o
     standby holds the query's lease and runs it, and the other is still there, waiting (it may
     have started at the same moment and lost the race: then it waits again). A new standby is
     started after each takeover, as a supervisor would. At the end the output is exactly once."""
-    out = unique_name
-    prepare_target(pipeline, kafka, postgres_dsn, out)
-    ctx = PipelineContext(kafka.bootstrap_servers, topic, out, str(tmp_path / "checkpoint"), dsn=postgres_dsn,
-                          trigger={"processingTime": "1 second"}, max_offsets_per_trigger=500)
-    env = {EXPIRY_ENV: str(FAST_EXPIRY_S), "SPARK_MASTER": "local[2]"}
-    drivers: list[DriverProcess] = []
-    expected: list[int] = []
-    output = PipelineOutput(sink_kind(pipeline), kafka, postgres_dsn, out)
-
-    def driver(standby: bool) -> DriverProcess:
-        started = DriverProcess(pipeline, ctx, str(crash_dir), tmp_path / f"driver{len(drivers)}.log", env,
-                                standby=standby)
-        drivers.append(started)
-        started.ensure_running()
-        if not standby:
-            started.wait_step("query", PROGRESS_S)
-        return started
-
-    def step(after: str) -> None:
-        expected.extend(produce_input(kafka, topic, CHUNK, first=len(expected)))
-        want = Counter(output.wanted(expected))
-        deadline = time.monotonic() + PROGRESS_S
-        while want - Counter(output.read()):
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{pipeline}: stall after {after}: {sum((want - Counter(output.read())).values())} "
-                                     f"records missing after {PROGRESS_S:.0f} s; driver logs in {tmp_path}")
-            time.sleep(0.5)
-
+    campaign = Failover(pipeline, kafka, postgres_dsn, topic, unique_name, tmp_path, crash_dir, FAST_EXPIRY_S)
+    driver, step, checkpoint = campaign.driver, campaign.step, campaign.ctx.checkpoint
     try:
         active = driver(False)
         standbys = [driver(True), driver(True)]
@@ -273,7 +297,7 @@ def test_with_two_warm_standbys_exactly_one_takes_over_after_each_kill_and_the_o
         for kill in range(1, KILLS + 1):
             active.kill()
             step(f"kill -9 of the active driver ({kill} of {KILLS})")
-            holder = lease_holder_pid(ctx.checkpoint)
+            holder = lease_holder_pid(checkpoint)
             winners = [s for s in standbys if s.process is not None and s.process.pid == holder]
             assert len(winners) == 1, f"{pipeline}: after kill {kill} the lease is held by pid {holder}, not by one " \
                                       f"of the standbys {[s.process.pid for s in standbys if s.process]}; logs in {tmp_path}"
@@ -282,20 +306,13 @@ def test_with_two_warm_standbys_exactly_one_takes_over_after_each_kill_and_the_o
             assert loser.process is not None and loser.process.poll() is None, \
                 f"{pipeline}: the standby that did not take over ended (exit {loser.process and loser.process.poll()}); " \
                 f"see {loser.log}"
-            assert lease_holder_pid(ctx.checkpoint) == holder, f"{pipeline}: the lease changed hands after kill {kill}"
+            assert lease_holder_pid(checkpoint) == holder, f"{pipeline}: the lease changed hands after kill {kill}"
             active, standbys = winners[0], [loser, driver(True)]
             standbys[1].wait_step("warm", PROGRESS_S)
         step("more input after the last takeover")
-        for running in drivers:
-            running.stop()
-        time.sleep(1.0)  # late duplicates would show
-        verdict = compare(output.wanted(expected), output.read())
-        assert verdict.exactly_once, verdict.summary()
-        assert output.left_open(ctx.checkpoint) == []
+        campaign.finish()
     finally:
-        for running in drivers:
-            running.kill()
-        output.close()
+        campaign.close()
 
 
 def test_a_driver_whose_lease_another_run_took_stops_and_journals_nothing_more(
@@ -328,6 +345,33 @@ def test_a_driver_whose_lease_another_run_took_stops_and_journals_nothing_more(
         query.await_termination(60)
         raise AssertionError("the query went on after losing its lease")
     assert committed() <= taken + 1  # at most the batch in flight at the takeover
+
+
+def test_a_run_fenced_at_its_target_is_caught_on_the_driver_as_fenced_error(
+    spark: Any, kafka: KafkaConfig, topic: str, tmp_path: Path,
+) -> None:
+    """A newer run takes the sink's epoch at the target (as a standby's first writer does) while
+    this driver's query runs, its lease untouched: the query's next stream writer, in a Python
+    worker of Spark's driver, is refused, and ``except FencedError`` catches it on the driver
+    (Spark's exception chained). Nothing more is journaled."""
+    produce_input(kafka, topic, COUNT)
+    out = f"{topic}-out"
+    create_topic(kafka, out, partitions=2)
+    ctx = PipelineContext(kafka.bootstrap_servers, topic, out, str(tmp_path / "checkpoint"),
+                          trigger={"processingTime": "1 second"}, max_offsets_per_trigger=50)
+    query = start_example("kafka-transactional", spark, ctx)
+    spark_log = SparkLog(ctx.checkpoint)
+    deadline = time.monotonic() + 120
+    while (spark_log.latest_completed() or -1) < 1 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert (spark_log.latest_completed() or -1) >= 1, "the query committed no batch"
+    CheckpointEngine.of(query.sink, ctx.checkpoint).start_run("a-newer-run")
+    taken = spark_log.latest_completed() or -1
+    with pytest.raises(FencedError) as refused:
+        query.await_termination(60)
+        raise AssertionError("the query went on after a newer run took its sink over")
+    assert "StreamingQueryException" in type(refused.value.__cause__).__name__
+    assert (spark_log.latest_completed() or -1) <= taken + 1  # at most the batch in flight
 
 
 def test_a_second_driver_in_another_pid_namespace_with_the_same_host_name_does_not_run_beside_the_first(

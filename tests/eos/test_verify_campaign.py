@@ -106,20 +106,36 @@ def test_oncekit_verify_as_a_new_user(tmp_path: Path) -> None:
     assert "left behind: nothing" in out.stdout and (tmp_path / "verify.json").exists(), out.stdout
 
 
-@pytest.mark.long(260)
-def test_user_pipeline_on_standalone_cluster(services: Services, spark_cluster: StandaloneCluster,
-                                             campaign_tables: list[str]) -> None:
+def on_standalone_cluster(faults: list[Fault], name: str, services: Services, spark_cluster: StandaloneCluster,
+                          campaign_tables: list[str]) -> None:
     """A user's pipeline (module:function) on a standalone cluster, where executors are JVMs of
-    their own with their own Python workers: a task crash is retried on the executor, a driver
-    crash restarts the query, a driver kill loses the driver and its application, an executor
-    killed -9 during a batch is replaced by the worker and its tasks run again."""
-    faults = [Fault("crash", "task_after_pre_commit"), Fault("crash", "driver_after_journal"),
-              Fault("kill", delay_s=2.0), Fault("crash", "mid_commit"), Fault("spark-executor-kill")]
+    their own with their own Python workers, through ``faults``: each fires and ends exactly-once."""
     report = run_campaign("tests.eos.user_pipeline:start", services, faults, seed=0, spark_cluster=spark_cluster,
                           env={"SPARK_MASTER": spark_cluster.url, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
-    text = record(report, "user-pipeline-standalone-cluster", campaign_tables)
+    text = record(report, name, campaign_tables)
     assert report.passed and all(r.fired for r in report.results), text
     assert [r.verdict for r in report.results] == ["exactly-once"] * len(faults), text
+
+
+@pytest.mark.long(200)
+def test_user_pipeline_on_standalone_cluster(services: Services, spark_cluster: StandaloneCluster,
+                                             campaign_tables: list[str]) -> None:
+    """What only a cluster does: a task crash is retried on the executor, a driver kill loses the
+    driver and its application, an executor killed -9 during a batch is replaced by the worker
+    and its tasks run again."""
+    on_standalone_cluster([Fault("crash", "task_after_pre_commit"), Fault("kill", delay_s=2.0),
+                           Fault("spark-executor-kill")],
+                          "user-pipeline-standalone-cluster", services, spark_cluster, campaign_tables)
+
+
+@pytest.mark.full_size
+@pytest.mark.long(150)
+def test_user_pipeline_on_standalone_cluster_driver_crashes(services: Services, spark_cluster: StandaloneCluster,
+                                                            campaign_tables: list[str]) -> None:
+    """A driver crash in its commit and after its journal restarts the query on the cluster (the
+    crash-point tests run both in local mode in ``make test``)."""
+    on_standalone_cluster([Fault("crash", "driver_after_journal"), Fault("crash", "mid_commit")],
+                          "user-pipeline-standalone-cluster-driver-crashes", services, spark_cluster, campaign_tables)
 
 
 # -- known-bad configurations: the checker must catch each --------------------------------------

@@ -253,6 +253,17 @@ def test_a_retired_querys_kafka_task_never_marks_the_new_querys_batch_as_written
     assert got == collections.Counter(["q2-a", "q2-b"])
 
 
+def journaled_batch_0(postgres_dsn: str, unique_name: str, tmp_path: Path) -> Any:
+    """The write-ahead-log run "old" on a new table: it journaled batch 0 (ids 1 and 2), which
+    Spark logged as committed; nothing is published yet."""
+    table(postgres_dsn, unique_name)
+    spark_logged(tmp_path, planned=[0], committed=[])
+    old = run(postgres_dsn, unique_name, tmp_path, "write-ahead-log", "old")
+    old.checkpoint(0, old.write_task(TaskInfo(old.sink.sink_id, 0, 0, 0, epoch=old.epoch), iter([rows([1, 2])])))
+    spark_logged(tmp_path, planned=[0], committed=[0])
+    return old
+
+
 def test_a_superseded_drivers_own_commit_of_completed_checkpoints_is_fenced(
     postgres_dsn: str, unique_name: str, tmp_path: Path,
 ) -> None:
@@ -262,12 +273,7 @@ def test_a_superseded_drivers_own_commit_of_completed_checkpoints_is_fenced(
     never for none), and the newer run publishes the batch once."""
     from oncekit.core.spark.query import OncekitQuery
 
-    table(postgres_dsn, unique_name)
-    spark_logged(tmp_path, planned=[0], committed=[])
-    old = run(postgres_dsn, unique_name, tmp_path, "write-ahead-log", "old")
-    sink_id = old.sink.sink_id
-    old.checkpoint(0, old.write_task(TaskInfo(sink_id, 0, 0, 0, epoch=old.epoch), iter([rows([1, 2])])))
-    spark_logged(tmp_path, planned=[0], committed=[0])
+    journaled_batch_0(postgres_dsn, unique_name, tmp_path)
     new = run(postgres_dsn, unique_name, tmp_path, "write-ahead-log", "new", start=False)
 
     def frozen(*args: Any) -> Any:
@@ -318,12 +324,7 @@ def test_a_driver_frozen_inside_its_publish_does_not_hold_the_next_run_off(
     """The old run publishes batch 0 (write-ahead log) and its host freezes mid-publish, its
     transaction open; the next run's start must take its epoch within the stated bound, and the
     old publish, when it thaws, must not commit."""
-    table(postgres_dsn, unique_name)
-    spark_logged(tmp_path, planned=[0], committed=[])
-    old = run(postgres_dsn, unique_name, tmp_path, "write-ahead-log", "old")
-    sink_id = old.sink.sink_id
-    old.checkpoint(0, old.write_task(TaskInfo(sink_id, 0, 0, 0, epoch=old.epoch), iter([rows([1, 2])])))
-    spark_logged(tmp_path, planned=[0], committed=[0])
+    old = journaled_batch_0(postgres_dsn, unique_name, tmp_path)
     thaw, frozen = threading.Event(), threading.Event()
     fence = old.sink.target.fence  # type: ignore[attr-defined]  # after the publish wrote its rows
 
