@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -315,9 +316,9 @@ def test_with_two_warm_standbys_exactly_one_takes_over_after_each_kill_and_the_o
         campaign.close()
 
 
-def test_a_driver_whose_lease_another_run_took_stops_and_journals_nothing_more(
-    spark: Any, kafka: KafkaConfig, topic: str, tmp_path: Path,
-) -> None:
+def running_past_batch_1(spark: Any, kafka: KafkaConfig, topic: str, tmp_path: Path) -> tuple[Any, str, Callable[[], int]]:
+    """The example Kafka transactional query on ``topic``, running in ``spark``, once Spark logged
+    batch 1 complete: the query, its checkpoint, and the latest batch Spark logged complete."""
     produce_input(kafka, topic, COUNT)
     out = f"{topic}-out"
     create_topic(kafka, out, partitions=2)
@@ -325,19 +326,27 @@ def test_a_driver_whose_lease_another_run_took_stops_and_journals_nothing_more(
                           trigger={"processingTime": "1 second"}, max_offsets_per_trigger=50)
     query = start_example("kafka-transactional", spark, ctx)
     spark_log = SparkLog(ctx.checkpoint)
-    deadline = time.monotonic() + 120
+
     def committed() -> int:
         latest = spark_log.latest_completed()
         return -1 if latest is None else latest
 
+    deadline = time.monotonic() + 120
     while committed() < 1 and time.monotonic() < deadline:
         time.sleep(0.2)
     assert committed() >= 1, "the query committed no batch"
+    return query, ctx.checkpoint, committed
+
+
+def test_a_driver_whose_lease_another_run_took_stops_and_journals_nothing_more(
+    spark: Any, kafka: KafkaConfig, topic: str, tmp_path: Path,
+) -> None:
+    query, checkpoint, committed = running_past_batch_1(spark, kafka, topic, tmp_path)
     # A standby on another host took the lease over, as if this driver had been paused past its
     # expiry, and its first writer recorded the newer epoch it took at the sinks (QueryLease.stamp).
-    held = json.loads((Path(ctx.checkpoint) / LEASE).read_text())
+    held = json.loads((Path(checkpoint) / LEASE).read_text())
     assert held["epoch"] >= 1, f"the running query's epoch is not in its lease: {held}"
-    (Path(ctx.checkpoint) / LEASE).write_text(json.dumps(
+    (Path(checkpoint) / LEASE).write_text(json.dumps(
         {"host": "standby-host", "pid": 1, "process": "standby", "renewed_at": time.time() + 60, "run": "standby",
          "epoch": held["epoch"] + 1}))
     taken = committed()
@@ -354,24 +363,14 @@ def test_a_run_fenced_at_its_target_is_caught_on_the_driver_as_fenced_error(
     this driver's query runs, its lease untouched: the query's next stream writer, in a Python
     worker of Spark's driver, is refused, and ``except FencedError`` catches it on the driver
     (Spark's exception chained). Nothing more is journaled."""
-    produce_input(kafka, topic, COUNT)
-    out = f"{topic}-out"
-    create_topic(kafka, out, partitions=2)
-    ctx = PipelineContext(kafka.bootstrap_servers, topic, out, str(tmp_path / "checkpoint"),
-                          trigger={"processingTime": "1 second"}, max_offsets_per_trigger=50)
-    query = start_example("kafka-transactional", spark, ctx)
-    spark_log = SparkLog(ctx.checkpoint)
-    deadline = time.monotonic() + 120
-    while (spark_log.latest_completed() or -1) < 1 and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert (spark_log.latest_completed() or -1) >= 1, "the query committed no batch"
-    CheckpointEngine.of(query.sink, ctx.checkpoint).start_run("a-newer-run")
-    taken = spark_log.latest_completed() or -1
+    query, checkpoint, committed = running_past_batch_1(spark, kafka, topic, tmp_path)
+    CheckpointEngine.of(query.sink, checkpoint).start_run("a-newer-run")
+    taken = committed()
     with pytest.raises(FencedError) as refused:
         query.await_termination(60)
         raise AssertionError("the query went on after a newer run took its sink over")
     assert "StreamingQueryException" in type(refused.value.__cause__).__name__
-    assert (spark_log.latest_completed() or -1) <= taken + 1  # at most the batch in flight
+    assert committed() <= taken + 1  # at most the batch in flight
 
 
 def test_a_second_driver_in_another_pid_namespace_with_the_same_host_name_does_not_run_beside_the_first(
