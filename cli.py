@@ -27,7 +27,7 @@ SECURED_HELP = ("local backend: Kafka with SASL_SSL (SCRAM-SHA-256) only, Postgr
 def _run(args: argparse.Namespace) -> int:
     from oncekit import runner
 
-    return runner.run_job(args.job, args.restart, args.standby, args.app_name, args.ui)
+    return runner.run_job(args.job, args.restart, args.standby, args.app_name, args.ui, args.host)
 
 
 def _services(args: argparse.Namespace) -> int:
@@ -206,6 +206,8 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--app-name", default="oncekit-job", help="the Spark application's name (default %(default)s)")
     run.add_argument("--ui", type=int, metavar="PORT", help="serve the status page and /metrics of the job's queries "
                                                              "on this port while it runs (the [status] extra)")
+    run.add_argument("--host", default="127.0.0.1", help="the address --ui serves on (default %(default)s; 0.0.0.0: "
+                                                          "every interface, for a Prometheus on another host)")
     run.set_defaults(run=_run)
 
     services = commands.add_parser("services", help="start, stop or check Kafka and PostgreSQL")

@@ -139,9 +139,9 @@ def _name(checkpoint: str) -> str:
     return savepoints.location(checkpoint).rpartition("/")[2]
 
 
-def status_page(port: int) -> Callable[[list[OncekitQuery]], None]:
-    """``--ui``: serve the status page of the job's queries on ``port`` once they first started
-    (kept across restarts; the [status] extra)."""
+def status_page(port: int, host: str = "127.0.0.1") -> Callable[[list[OncekitQuery]], None]:
+    """``--ui``: serve the status page of the job's queries on ``host``:``port`` once they first
+    started (kept across restarts; the [status] extra)."""
     try:
         from oncekit.status.collector import Watched
         from oncekit.connectors.services import service_addresses
@@ -155,7 +155,7 @@ def status_page(port: int) -> Callable[[list[OncekitQuery]], None]:
         if started:
             return
         watched = [Watched(_name(q.checkpoint), q.checkpoint, protocols_of(q.sink)) for q in queries]
-        page = start_page(watched, port, *service_addresses(None, None))
+        page = start_page(watched, port, *service_addresses(None, None), host=host)
         started.append(page)
         print(f"status page: {page.url} (metrics at {page.url}metrics)", flush=True)
 
@@ -163,15 +163,16 @@ def status_page(port: int) -> Callable[[list[OncekitQuery]], None]:
 
 
 def run_job(job: str, restart: str = DEFAULT_RESTART, standby: Sequence[str] = (), app_name: str = "oncekit-job",
-            ui_port: int | None = None) -> int:
+            ui_port: int | None = None, ui_host: str = "127.0.0.1") -> int:
     """``oncekit run``: run ``job`` under the restart strategy ``restart``; with ``standby`` (the
     job's checkpoint locations), warm up and wait until no other driver holds them first, and
     wait again whenever another driver turns out to run them (it won the race to take over, or
-    took over from this one); with ``ui_port``, serve the status page while it runs. Ends when the job's queries ended, the
+    took over from this one); with ``ui_port``, serve the status page on ``ui_host`` while it runs
+    (the loopback by default; 0.0.0.0 for a Prometheus on another host). Ends when the job's queries ended, the
     strategy gave up (RestartsExhaustedError), or a stop-with-savepoint was taken."""
     start, strategy = load_job(job), parse_restart(restart)
     session = functools.partial(spark_session, app_name)
-    one = Attempt(job, start, status_page(ui_port) if ui_port is not None else lambda queries: None)
+    one = Attempt(job, start, status_page(ui_port, ui_host) if ui_port is not None else lambda queries: None)
 
     def restarted(count: int, error: BaseException) -> None:
         print(f"job {job} failed ({error}); restart {count}", flush=True)

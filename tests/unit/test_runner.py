@@ -67,3 +67,17 @@ def test_a_standby_that_loses_the_race_to_take_over_goes_back_to_waiting(
 
 class _Finished(BaseException):
     """The second standby's job, once it took over (ends the test)."""
+
+
+def test_oncekit_run_serves_its_status_page_on_the_host_it_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--ui`` listens on the loopback unless ``--host`` says another address (0.0.0.0 for a
+    Prometheus on another host)."""
+    from oncekit import cli, runner
+
+    seen: list[tuple[Any, ...]] = []
+    monkeypatch.setattr(runner, "run_job", lambda *args: seen.append(args) or 0)
+    for argv, host in ((["run", "job.py", "--ui", "8765"], "127.0.0.1"),
+                       (["run", "job.py", "--ui", "8765", "--host", "0.0.0.0"], "0.0.0.0")):
+        args = cli.parser().parse_args(argv)
+        assert args.run(args) == 0
+        assert seen[-1][-2:] == (8765, host)
