@@ -30,6 +30,7 @@ import pytest
 from oncekit.connectors import KafkaConfig, Services
 from oncekit.connectors.services.spark_connect import ConnectServer
 from oncekit.core.crash import CRASH_DIR_ENV
+from oncekit.core.engine import CheckpointEngine
 from oncekit.core.journal import Journal
 from oncekit.core.spark_log import SparkLog
 from oncekit.verify import (
@@ -41,6 +42,7 @@ from oncekit.verify import (
     produce_input,
 )
 from oncekit.verify.driver import start_driver
+from oncekit.verify.examples import example_sink
 
 pytestmark = [pytest.mark.services, pytest.mark.spark]
 
@@ -146,6 +148,16 @@ def test_client_killed_server_commits_within_one_trigger_a_new_client_attaches_a
     deadline = time.monotonic() + 30
     while prepared_transactions(services.postgres.dsn, unique_name) and time.monotonic() < deadline:
         time.sleep(0.5)
+    assert prepared_transactions(services.postgres.dsn, unique_name) == []
+    verdict = compare(expected, table_rows(ctx))
+    assert verdict.exactly_once, verdict.summary()
+    # Without a client the server runs the query on, and may prepare a batch the input's markers
+    # planned after the check above (seen in a clean-clone run: batch 42 left prepared when the
+    # server was stopped, in every later test's way). The server killed, the next run's start
+    # settles what it left, as it would in production: still exactly-once, nothing prepared.
+    connect_server.kill()
+    CheckpointEngine.of(example_sink(PIPELINE, kafka, services.postgres.dsn, unique_name), ctx.checkpoint).start_run(
+        "the-next-run")
     assert prepared_transactions(services.postgres.dsn, unique_name) == []
     verdict = compare(expected, table_rows(ctx))
     assert verdict.exactly_once, verdict.summary()

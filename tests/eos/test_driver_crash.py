@@ -48,4 +48,4 @@ def test_driver_process_dies_before_last_commit_restart_commits_it_once(
 
     verdict = compare(expected, committed_output(sink, kafka, services.postgres.dsn, target, COUNT))
     assert verdict.exactly_once, verdict.summary()
-    assert prepared_transactions(services.postgres.dsn) == []
+    assert prepared_transactions(services.postgres.dsn, target) == []

@@ -59,7 +59,7 @@ def test_fanout_crash_once_then_restart_is_exactly_once_in_every_target(
     assert in_table.exactly_once, in_table.summary()
     in_topic = compare(expected, [int(v) for v in read_committed(kafka, out, COUNT, timeout_s=60)])
     assert in_topic.exactly_once, in_topic.summary()
-    assert prepared_transactions(postgres_dsn) == []
+    assert prepared_transactions(postgres_dsn, unique_name) == []
 
 
 def test_fanout_row_for_unknown_target_fails_naming_route_batch_and_partition(

@@ -86,7 +86,7 @@ def test_postgres_sink_crash_once_then_restart_is_exactly_once(
     assert read_by(query) == connector
     verdict = compare(expected, table_ids(postgres_dsn, unique_name))
     assert verdict.exactly_once, verdict.summary()
-    assert prepared_transactions(postgres_dsn) == []
+    assert prepared_transactions(postgres_dsn, unique_name) == []
 
 
 def test_a_failed_batchs_straggler_is_rolled_back_by_the_driver_without_waiting_for_a_restart(
@@ -132,7 +132,7 @@ def test_postgres_two_phase_commit_same_keys_every_batch_never_waits_on_own_lock
         rows = conn.execute(f"SELECT id, payload FROM {unique_name}").fetchall()
     assert sorted(r[0] for r in rows) == list(range(10))
     assert all(int(payload) % 10 == key for key, payload in rows)
-    assert prepared_transactions(postgres_dsn) == []
+    assert prepared_transactions(postgres_dsn, unique_name) == []
 
 
 def test_listener_delivers_every_batch_and_the_termination_to_the_sink(
@@ -205,4 +205,4 @@ def test_supervisor_restarts_crashed_query_from_checkpoint_exactly_once(
     assert restarts == 1 and fired(crash_dir) == ["driver_after_journal"]
     verdict = compare(expected, table_ids(postgres_dsn, unique_name))
     assert verdict.exactly_once, verdict.summary()
-    assert prepared_transactions(postgres_dsn) == []
+    assert prepared_transactions(postgres_dsn, unique_name) == []

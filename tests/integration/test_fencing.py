@@ -40,9 +40,11 @@ def table_ids(dsn: str, table: str) -> collections.Counter[int]:
         return collections.Counter(r[0] for r in conn.execute(f"SELECT id FROM {table}"))
 
 
-def prepared(dsn: str) -> list[str]:
+def prepared(dsn: str, table: str) -> list[str]:
+    """The kit's prepared transactions of the sinks into ``table`` (other tests' are not this one's)."""
     with psycopg.connect(dsn) as conn:
-        return [r[0] for r in conn.execute("SELECT gid FROM pg_prepared_xacts WHERE gid LIKE 'oncekit:%'")]
+        return [r[0] for r in conn.execute("SELECT gid FROM pg_prepared_xacts WHERE gid LIKE 'oncekit:%'")
+                if table in r[0]]
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
@@ -66,7 +68,7 @@ def test_postgres_an_older_runs_abort_leaves_the_newer_runs_batch_alone(
     spark_logged(tmp_path, planned=[0], committed=[0])
     new.complete()
     assert table_ids(postgres_dsn, unique_name) == collections.Counter([1, 2])
-    assert prepared(postgres_dsn) == []
+    assert prepared(postgres_dsn, unique_name) == []
 
 
 def test_postgres_two_phase_commit_a_batch_already_committed_is_never_committed_again(
@@ -91,7 +93,7 @@ def test_postgres_two_phase_commit_a_batch_already_committed_is_never_committed_
     new.complete()
 
     assert table_ids(postgres_dsn, unique_name) == collections.Counter([1, 2])
-    assert prepared(postgres_dsn) == []
+    assert prepared(postgres_dsn, unique_name) == []
 
 
 def started_runs(dsn: str, table: str, checkpoint: Path, protocol: str) -> tuple[CheckpointEngine, CheckpointEngine]:
@@ -125,7 +127,7 @@ def test_postgres_an_older_run_is_refused_by_the_sink_once_a_newer_run_took_its_
         with pytest.raises(FencedError, match=rf"sink {sink_id} batch 0: this run \(epoch 1\) was superseded by epoch 2"):
             old.complete()
     assert table_ids(postgres_dsn, unique_name) == collections.Counter()
-    assert prepared(postgres_dsn) == []
+    assert prepared(postgres_dsn, unique_name) == []
 
 
 def test_a_superseded_runs_recovery_and_journal_writes_are_refused(
@@ -145,7 +147,7 @@ def test_a_superseded_runs_recovery_and_journal_writes_are_refused(
     spark_logged(tmp_path, planned=[0], committed=[0])
     new.complete()
     assert table_ids(postgres_dsn, unique_name) == collections.Counter([5])
-    assert prepared(postgres_dsn) == []
+    assert prepared(postgres_dsn, unique_name) == []
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
@@ -166,7 +168,7 @@ def test_a_stopped_run_aborts_only_its_own_work_of_batches_spark_did_not_complet
     blocking = protocol == "two-phase-commit"
     assert new.abort_unfinished() == ([c.name for c in in_flight] if blocking else [])
     assert [c.name for c in new.sink.leftovers()] == ([] if blocking else [c.name for c in in_flight])
-    assert prepared(postgres_dsn) == []
+    assert prepared(postgres_dsn, unique_name) == []
     assert table_ids(postgres_dsn, unique_name) == collections.Counter([1])
 
 
