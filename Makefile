@@ -10,7 +10,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo test test-long bench docs install broker connector engine browser typecheck pytest clean
+.PHONY: demo test test-long bench docs wheel install broker connector engine browser typecheck pytest clean
 
 demo: install broker
 	$(VENV)/bin/oncekit demo
@@ -30,6 +30,11 @@ $(STAMP): pyproject.toml
 broker:
 	docker/fetch-kafka.sh
 	docker/kafka-tools/fetch.sh
+
+# The kit's wheel, into dist/: oncekit is on no package index yet, and the getting-started page
+# installs this file (the suite builds it the same way, tests/conftest.py).
+wheel:
+	PYTHONWARNINGS=ignore::UserWarning $(PYTHON) -m pip wheel --no-deps -q -w dist .
 
 # The test suite builds the site as well (tests/docs/test_site.py) and opens it in chromium.
 docs: install

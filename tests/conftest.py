@@ -84,15 +84,17 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="session")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The kit's wheel, built from a copy of the checkout (setuptools leaves build/ and
-    *.egg-info beside the sources it builds)."""
-    tmp_path = tmp_path_factory.mktemp("wheel")
-    source = tmp_path / "src"
-    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".venv", ".oncekit", ".git", "target", "__pycache__"))
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(source)],
-        check=True,
-    )
-    (built,) = tmp_path.glob("oncekit-*.whl")
+    *.egg-info beside the sources it builds) by the getting-started page's first command
+    (``make wheel``): ``<copy>/dist/oncekit-<version>-py3-none-any.whl``."""
+    from tests.docs.console import console_commands
+
+    source = tmp_path_factory.mktemp("wheel") / "src"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".venv", ".oncekit", ".git", "target", "__pycache__",
+                                                                "dist", "build"))
+    build = console_commands("install")[0]
+    subprocess.run(["bash", "-c", build], cwd=source, check=True,
+                   env={**os.environ, "PYTHON": sys.executable, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
+    (built,) = (source / "dist").glob("oncekit-*.whl")
     return built
 
 

@@ -51,14 +51,14 @@ def pyspark_version() -> str:
 
 @pytest.fixture(scope="module")
 def job_env(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A fresh virtual environment made as the deployment page says (the wheel for the package
-    index, the installed pyspark for the cluster's version), then the getting-started page's
+    """A fresh virtual environment made as the deployment page says (the wheel ``make wheel``
+    built, the installed pyspark for the cluster's version), then the getting-started page's
     install run in it, which finds everything there."""
     venv = tmp_path_factory.mktemp("job-env") / "venv"
-    requirement = f"'oncekit[spark] @ {wheel.as_uri()}'"
-    (make,) = console_commands("deploy-standalone", {"/opt/job": str(venv), "'oncekit[spark]'": requirement,
+    dist = f"{wheel.parent}/"
+    (make,) = console_commands("deploy-standalone", {"/opt/job": str(venv), "dist/": dist,
                                                      "'pyspark==4.3.0'": f"'pyspark=={pyspark_version()}'"})[:1]
-    (install,) = console_commands("install", {"pip install 'oncekit[spark]'": f"{venv}/bin/pip install {requirement}"})
+    install = console_commands("install", {"pip install": f"{venv}/bin/pip install", "dist/": dist})[1]
     for command in (make, install):
         subprocess.run(["bash", "-c", command], check=True, env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1",
                                                                   "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
