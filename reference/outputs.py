@@ -7,7 +7,6 @@ progress. The one reader of them, for the demo's report and progress lines, the 
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import time
 from collections import Counter
@@ -23,6 +22,7 @@ from oncekit.connectors.postgres import connect, prepared_transactions
 from oncekit.core.errors import ConfigError
 from oncekit.core.spark_log import SparkLog
 from oncekit.reference.config import PipelineConfig
+from oncekit.sinks.postgres.config import PostgresSinkConfig
 
 
 @dataclass
@@ -81,7 +81,7 @@ def observe(config: PipelineConfig) -> Observed:
                   _rows(conn, "SELECT account_id, minute, total_cents, events FROM {}", tables.minute_totals)}
         late = [str(e) for (e,) in _rows(conn, "SELECT event_id FROM {}", tables.late_events)]
         reasons = Counter(str(r) for (r,) in _rows(conn, "SELECT reason FROM {}", tables.dead_letters))
-        ours = {f"pg-{table}" for table in dataclasses.astuple(tables)}  # the sinks' ids (postgres_sink's default)
+        ours = {PostgresSinkConfig(config.postgres_dsn(), table).sink_id for table in dataclasses.astuple(tables)}
         prepared = len([gid for gid in prepared_transactions(conn) if gid.split(":")[1] in ours])
     updates = []
     for value in read_committed(config.kafka_bootstrap(), config.topics.balance_updates):
