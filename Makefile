@@ -69,9 +69,10 @@ pytest: install
 	. .oncekit/engine.env && ONCEKIT_TEST_BACKEND=$${ONCEKIT_TEST_BACKEND:-containers} $(PY) -m pytest $(PYTEST_ARGS)
 
 # Every campaign at full size, beside the suite (not in CI): the randomized campaigns on both
-# their pipelines with 100 faults each (the suite draws one, with 5), a 30-minute soak, the two
-# standby campaigns for all three of their pipelines (the suite draws one each), the fan-out and three-broker campaigns as in the suite, every crash-point
-# case with each source connector (the suite draws one per case), and the simulation of
+# their pipelines with 100 faults each (the suite draws one, with 3), a 30-minute soak, the
+# standby campaigns for all three of their pipelines (the suite draws one each), the parts of a
+# campaign marked full_size and the larger fault lists of the others (tests/sizes.py), every
+# crash-point case with each source connector (the suite draws one per case), and the simulation of
 # overlapping drivers with 200,000 schedules per protocol and fan-out (1,200,000 in all). The seed
 # is drawn and printed as in make test (ONCEKIT_VERIFY_SEED to repeat a run).
 CAMPAIGNS := tests/eos/test_verify_campaign.py tests/eos/test_soak.py tests/eos/test_standby.py tests/eos/test_kafka_cluster.py \

@@ -28,6 +28,7 @@ import pytest  # noqa: E402
 
 from oncekit.connectors import KafkaConfig, Services, start_services  # noqa: E402
 from oncekit.connectors.kafka_admin import create_topic  # noqa: E402
+from tests.sizes import FULL_SIZE_ENV, full_size  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -140,8 +141,6 @@ class CampaignTables(list[str]):
 _CAMPAIGN_TABLES = CampaignTables()
 _TABLES_ENV = "ONCEKIT_CAMPAIGN_TABLES_DIR"
 SEED_ENV = "ONCEKIT_VERIFY_SEED"
-FULL_SIZE_ENV = "ONCEKIT_FULL_SIZE"
-"""Set to 1 by ``make test-long``: the tests marked ``full_size`` run too."""
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -170,7 +169,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return float(marker.args[0]) if marker is not None else 0.0
 
     items.sort(key=expected_s, reverse=True)  # stable: the others keep their order
-    if os.environ.get(FULL_SIZE_ENV) != "1":
+    if not full_size():
         skip = pytest.mark.skip(reason=f"a full-size campaign: make test-long runs it ({FULL_SIZE_ENV}=1)")
         for item in items:
             if item.get_closest_marker("full_size") is not None:

@@ -23,6 +23,7 @@ from oncekit.connectors.services import start_kafka
 from oncekit.connectors.wait import wait_until
 from oncekit.verify import Fault, run_campaign
 from tests.eos.test_verify_campaign import record
+from tests.sizes import full_size
 
 pytestmark = [pytest.mark.services]
 
@@ -56,13 +57,16 @@ def test_three_brokers_replicate_as_production(cluster: Services, unique_name: s
 
 @pytest.mark.long(250)
 def test_campaign_one_broker_at_a_time_exactly_once(cluster: Services, campaign_tables: list[str]) -> None:
-    """The transactional Kafka sink under each broker fault once; every verdict exactly-once,
+    """The transactional Kafka sink under broker faults, each once (``make test``: a leader and the
+    transaction coordinator killed; ``make test-long``: a broker cut off and a rolling restart
+    too); every verdict exactly-once,
     nothing left open. The coordinator kill finds its broker with Kafka's DescribeTransactions
     (the report's detail names it)."""
     # Short outages: a killed broker is down for its restart as well (10-20 s in all, past the
     # 9 s broker session timeout, so leadership moves); the cut lasts past that timeout too.
-    faults = [Fault("kafka-leader-kill", delay_s=0.5, outage_s=3), Fault("kafka-coordinator-kill", outage_s=3),
-              Fault("kafka-broker-cut", delay_s=0.5, outage_s=12), Fault("kafka-rolling-restart", delay_s=0.5)]
+    faults = [Fault("kafka-leader-kill", delay_s=0.5, outage_s=3), Fault("kafka-coordinator-kill", outage_s=3)]
+    if full_size():  # make test-long: a network cut and a rolling restart too
+        faults += [Fault("kafka-broker-cut", delay_s=0.5, outage_s=12), Fault("kafka-rolling-restart", delay_s=0.5)]
     report = run_campaign("kafka-transactional", cluster, faults, seed=0)
     text = record(report, "kafka-transactional-three-brokers", campaign_tables)
     assert report.passed and all(r.fired for r in report.results), text
