@@ -120,8 +120,15 @@ class FanOutConfig(SinkConfig):
 
 
 def fan_out(targets: Mapping[str, SinkConfig], route_column: str = "target", sink_id: str = "") -> FanOutConfig:
-    """The typed builder: ``fan_out({"balances": postgres_sink(...), "updates": kafka_sink(...)})``
-    for a stream whose ``route_column`` holds "balances" or "updates" in each row."""
+    """One query into several targets, each exactly once, through one checkpoint:
+    ``fan_out({"balances": postgres_sink(...), "updates": kafka_sink(...)})`` for a stream whose
+    ``route_column`` holds "balances" or "updates" in each row.
+
+    :param targets: the sinks, by the route value that sends a row to each.
+    :param route_column: the stream's column that names each row's target; it is not written.
+    :param sink_id: names the fan-out's journal; by default a digest of its targets' sink ids, so
+        that the same targets find the same journal.
+    """
     return FanOutConfig(targets=dict(targets), route_column=route_column, sink_id=sink_id)
 
 

@@ -153,7 +153,15 @@ def superseded(error: BaseException) -> bool:
 def supervise(run: Callable[[], None], strategy: RestartStrategy,
               on_restart: Callable[[int, BaseException], None] | None = None) -> int:
     """Call ``run`` (start the query from its checkpoint and wait for it) until it returns, as
-    ``strategy`` allows; returns how many restarts it took. Called in the user's driver process."""
+    ``strategy`` allows. Called in the user's driver process.
+
+    :param run: starts the query and waits for it (``start_query(...).await_termination()``).
+    :param strategy: when to start it again after a restartable error: :class:`NoRestart`,
+        :class:`FixedDelay`, :class:`FailureRate` or :class:`ExponentialBackoff`.
+    :param on_restart: called with the restart's number and the error, before each restart.
+    :returns: how many restarts it took.
+    :raises RestartsExhaustedError: the strategy gave up (the last error is its cause); an error
+        that no restart helps (a ConfigError, a superseded run) is raised at once."""
     restarts = 0
 
     def before_sleep(state: tenacity.RetryCallState) -> None:

@@ -29,7 +29,6 @@ html_static_path = ["_static"]
 
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"
-autodoc_default_options = {"members": False}
 nitpicky = True
 # Outside the documented surface: the libraries' own types (no intersphinx: the build runs
 # offline) and the kit's internals that public docstrings mention for contributors.

@@ -363,11 +363,20 @@ def kafka_stream(
     a restart, so :func:`~oncekit.core.spark.query.start_query` refuses it in front of a sink
     that commits per task (the Kafka ``transactional`` protocol).
 
-    ``starting_offsets`` is where a new checkpoint's first batch starts: ``earliest`` by
-    default, unlike Spark's own Kafka source (``latest``), so that a pipeline's first run reads
-    what the topic already holds; ``latest`` or per-partition JSON as in Spark. Once the
-    checkpoint has a batch, its offsets decide. ``options`` are further source options
-    (``includeHeaders``, ``kafka.security.protocol``...).
+    :param spark: the job's session.
+    :param bootstrap_servers: the brokers, ``host:port[,host:port...]``.
+    :param topics: the topic, or topics, to read (Spark's ``subscribe``).
+    :param max_offsets_per_trigger: at most this many records per batch, over all partitions
+        (Spark's ``maxOffsetsPerTrigger``); None reads all there is.
+    :param starting_offsets: where a new checkpoint's first batch starts: ``earliest`` (the
+        default, unlike Spark's ``latest``, so that a pipeline's first run reads what the topic
+        already holds), ``latest``, or per-partition JSON as in Spark. Once the checkpoint has a
+        batch, its offsets decide.
+    :param connector: who reads: ``"oncekit"`` or ``"spark"`` (above).
+    :param options: further source options, spelled as Spark's Kafka source spells them
+        (``includeHeaders``, ``kafka.security.protocol``...).
+    :returns: a streaming DataFrame with Spark's Kafka columns (``key``, ``value``, ``topic``,
+        ``partition``, ``offset``, ``timestamp``, ``timestampType``).
     """
     if connector not in CONNECTORS:
         raise ConfigError(f"kafka_stream: connector {connector!r} is not one of {', '.join(CONNECTORS)}")

@@ -168,11 +168,13 @@ class OncekitQuery:
         self._release()
 
     def stop_at_batch_boundary(self, timeout_s: float = 120.0) -> None:
-        """Stop between two batches: wait (up to ``timeout_s``) until no trigger runs, then
+        """Stop between two batches: wait (up to ``timeout_s`` seconds) until no trigger runs, then
         :meth:`stop`; a query that ended with an error only has its completed checkpoints
         committed. A batch that starts in between is replayed by the next start, or by a
         savepoint's restore. Called for stop-with-savepoint by ``oncekit run`` and the reference
-        pipeline."""
+        pipeline.
+
+        :param timeout_s: how long to wait for the running batch to end before stopping anyway."""
         deadline = time.monotonic() + timeout_s
         while self.query.isActive and self.query.status.get("isTriggerActive") and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -191,9 +193,16 @@ class OncekitQuery:
             logger.warning("query at %s: could not release its lease: %s", self.checkpoint, exc)
 
     def await_termination(self, timeout: float | None = None) -> bool:
-        """Like StreamingQuery.awaitTermination; raises the query's error if it failed (as
-        LeaseLostError if another driver holds the query's lease by then), and StallError if the
-        watchdog ended it (QueryStuckError if it would not end)."""
+        """Like StreamingQuery.awaitTermination: wait until the query ends, then commit its last
+        completed checkpoints.
+
+        :param timeout: seconds to wait at most; None waits until the query ends.
+        :returns: True once the query ended and its output is committed; False when ``timeout``
+            passed first.
+        :raises OncekitError: the query's error as the kit's class (an error raised on an
+            executor too, with Spark's exception as its cause); LeaseLostError if another driver
+            holds the query's lease by then, StallError if the watchdog ended it,
+            QueryStuckError if it would not end."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             # Spark refuses a timeout under 1 ms ("Timeout has to be positive"), failing the query.
@@ -283,16 +292,30 @@ def start_query(
     notify: bool = True,
     batch_timeout: float | None = None,
 ) -> OncekitQuery:
-    """Start ``frame`` into ``sink`` with checkpoint-complete notifications and a batch deadline.
+    """Start ``frame`` into ``sink`` with checkpoint-complete notifications and a batch deadline,
+    holding the query's lease (one driver runs a checkpoint at a time):
+    ``query = start_query(frame, postgres_sink(dsn, "balances"), "s3a://bucket/checkpoints/balances")``.
 
-    ``trigger`` takes DataStreamWriter.trigger's keywords (:class:`Trigger`: ``{"availableNow": True}``).
-    With ``notify=False`` no listener is attached (as with a plain ``format(...)`` query):
-    completion then reaches the sink when the next batch starts. On a Spark Connect session the
-    notifications come from a committer process on the server instead of a listener
-    (:mod:`~oncekit.core.spark.committer`), whether or not the client stays attached. ``batch_timeout`` (seconds;
-    default the session's ``spark.oncekit.batchTimeoutSeconds``, else 5 minutes or 10 triggers,
-    whichever is longer; ``float("inf")`` for none) is how long a planned batch may take to
-    commit before the query is stopped as stalled (:class:`BatchWatchdog`).
+    :param frame: the streaming DataFrame, from :func:`~oncekit.kafka_stream` or any replayable source.
+    :param sink: the sink, from :func:`~oncekit.postgres_sink`, :func:`~oncekit.kafka_sink` or
+        :func:`~oncekit.fan_out`.
+    :param checkpoint: the query's checkpoint location, as Spark's ``checkpointLocation``
+        (a path or a URI Spark's file systems reach: ``hdfs://``, ``s3a://``...). The sink's
+        journal lives beside Spark's offsets there.
+    :param trigger: when batches run, as ``DataStreamWriter.trigger``'s keywords (:class:`Trigger`):
+        ``{"processingTime": "10 seconds"}``, ``{"availableNow": True}``; None runs the next batch
+        as soon as the last one ended.
+    :param query_name: Spark's query name (its UI and metrics).
+    :param output_mode: Spark's output mode (``append``, ``update``, ``complete``).
+    :param notify: attach the listener that commits each batch when Spark completes its
+        checkpoint. With ``notify=False`` the commit reaches the sink when the next batch starts.
+        On a Spark Connect session a committer process on the server delivers them instead,
+        whether or not the client stays attached.
+    :param batch_timeout: seconds a planned batch may take to commit before the query is stopped
+        with :class:`~oncekit.StallError`; default the session's
+        ``spark.oncekit.batchTimeoutSeconds``, else 5 minutes or 10 triggers, whichever is
+        longer; ``float("inf")`` for none.
+    :returns: the running query; wait on it with :meth:`OncekitQuery.await_termination`.
     """
     spark = frame.sparkSession
     refuse_speculation(spark, sink)

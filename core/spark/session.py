@@ -80,10 +80,14 @@ def spark_session(app_name: str = "oncekit", master: str | None = None, conf: Ma
     unset (:func:`fill_defaults`), and the log level WARN where nobody chose logging
     (``quiet_default_logging``).
 
-    ``master`` defaults to ``SPARK_MASTER``, then to what spark-submit was given (local[*] if nothing).
     With ``SPARK_REMOTE`` set, a Spark Connect session to that server instead, with the session
     settings of both (``spark.sql.*``, ``spark.oncekit.*``; the others are the server's, fixed
     when it started).
+
+    :param app_name: Spark's application name, unless spark-submit gave one.
+    :param master: the master URL; default ``SPARK_MASTER``, then what spark-submit was given
+        (``local[*]`` if nothing).
+    :param conf: Spark settings for the session; they win over every default the kit fills in.
     """
     remote = os.environ.get("SPARK_REMOTE")
     if remote:

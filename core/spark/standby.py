@@ -183,7 +183,15 @@ def stand_by(spark: SparkSession, checkpoints: Sequence[str], announce: Callable
     """A standby driver's wait: warm ``spark`` up (:func:`warm_up` with ``modules``, ``analyze``
     and ``plan``) and call ``warmed``, then return once no live driver holds any of
     ``checkpoints``' leases (:func:`~oncekit.core.lease.wait_free`), warming up again every
-    :data:`REWARM_S`. Build the query's frames before, start the queries after."""
+    :data:`REWARM_S`. Build the query's frames before, start the queries after.
+
+    :param spark: the standby driver's session, warmed up while it waits.
+    :param checkpoints: the checkpoints of the queries it stands by for.
+    :param announce: called with each progress line (``standby: warmed up in 2.1 s``).
+    :param warmed: called once the first warm-up is done.
+    :param modules: modules to import while warming up (the job's own).
+    :param analyze: builds the job's frames against ``spark`` (planning them warms Spark's analyzer).
+    :param plan: what the job does to a frame, planned on a small one while warming up."""
     announce(f"standby: warmed up in {warm_up(spark, modules, analyze, plan):.1f} s")
     warmed()
     wait_free(checkpoints, announce=announce, every=(REWARM_S, lambda: warm_up(spark, modules, analyze, plan)))

@@ -91,9 +91,26 @@ def kafka_sink(bootstrap_servers: str, topic: str, protocol: KafkaProtocol = "tr
                client: Mapping[str, str] | None = None, partitions: int = 2,
                transaction_timeout_ms: int = DEFAULT_TRANSACTION_TIMEOUT_MS, dead_letter_topic: str | None = None,
                columns: Sequence[str] = ()) -> KafkaSinkConfig:
-    """A Kafka sink into ``topic`` (:class:`KafkaSinkConfig` says what each setting does):
+    """A Kafka sink into ``topic``, for :func:`~oncekit.start_query`:
     ``kafka_sink("broker:9092", "balances", "transactional", client={"security.protocol": "SASL_SSL", ...})``.
-    ``sink_id`` defaults to ``kafka-<topic>``; ``partitions`` is for a topic it creates."""
+    The stream needs a ``value`` column (string or binary); a ``key`` column is optional.
+
+    :param bootstrap_servers: the brokers, ``host:port[,host:port...]``.
+    :param topic: the target topic; created with ``partitions`` partitions when it does not exist.
+    :param protocol: how output becomes visible exactly once (see the Protocols page):
+        ``transactional`` (Kafka transactions per task, committed once the checkpoint completes),
+        ``write-ahead-log`` (staged under the checkpoint, published by the driver), or ``at-least-once``.
+    :param sink_id: names the sink's transactional ids, journal and marker topic; default
+        ``kafka-<topic>``. Keep it across restarts: a new id is a new sink.
+    :param client: librdkafka settings for every client of the sink (``security.protocol``,
+        ``sasl.*``, ``ssl.*``), as confluent-kafka takes them; secrets never reach logs or reprs.
+    :param partitions: the partition count of a topic the sink creates.
+    :param transaction_timeout_ms: the broker's bound on an open transaction; a transaction open
+        longer (a driver gone between a batch and its commit) is aborted by the broker.
+    :param dead_letter_topic: a topic for records the broker refuses (too large, for one),
+        instead of failing the task; None fails it with :class:`~oncekit.RecordError` naming the row.
+    :param columns: the stream's columns; the stream writer fills them in, so a job leaves them out.
+    """
     return KafkaSinkConfig(bootstrap_servers=bootstrap_servers, topic=topic, protocol=protocol, sink_id=sink_id,
                            client=dict(client or {}), partitions=partitions,
                            transaction_timeout_ms=transaction_timeout_ms, dead_letter_topic=dead_letter_topic,

@@ -103,10 +103,25 @@ class PostgresSinkConfig(SinkConfig):
 def postgres_sink(dsn: str, table: str, protocol: PostgresProtocol = "two-phase-commit", *, sink_id: str = "",
                   key_columns: Sequence[str] = (), on_conflict: Literal["update", "nothing"] = "update",
                   dead_letter_table: str | None = None, columns: Sequence[str] = ()) -> PostgresSinkConfig:
-    """A PostgreSQL sink into ``table`` (:class:`PostgresSinkConfig` says what each setting does):
+    """A PostgreSQL sink into ``table``, for :func:`~oncekit.start_query`:
     ``postgres_sink(dsn, "balances", "two-phase-commit", key_columns=("account_id",))``.
-    ``sink_id`` defaults to ``pg-<table>``; ``columns`` are the stream's, which the stream writer
-    fills in."""
+
+    :param dsn: the psycopg connection string of the target database. Its password never
+        reaches logs, errors, reprs or Spark's plans.
+    :param table: the target table, ``name`` or ``schema.name``; it must exist, with a column for
+        each of the stream's columns. The kit's own tables go in the same schema.
+    :param protocol: how output becomes visible exactly once (see the Protocols page):
+        ``two-phase-commit`` (needs ``max_prepared_transactions`` > 0 on the server),
+        ``write-ahead-log``, ``idempotent`` (needs ``key_columns``), or ``at-least-once``.
+    :param sink_id: names the sink's transactions, journal and markers; default ``pg-<table>``.
+        Keep it across restarts: a new id is a new sink.
+    :param key_columns: a key that turns appends into merges (an upsert for ``on_conflict="update"``).
+    :param on_conflict: with ``key_columns``, what a row whose key is there does: ``"update"``
+        overwrites it (the last row of a partition wins), ``"nothing"`` keeps the row written first.
+    :param dead_letter_table: a table for rows the target refuses (a type or constraint error),
+        instead of failing the batch; None fails it with :class:`~oncekit.BadRecordError`.
+    :param columns: the stream's columns; the stream writer fills them in, so a job leaves them out.
+    """
     return PostgresSinkConfig(dsn=dsn, table=table, protocol=protocol, sink_id=sink_id, key_columns=tuple(key_columns),
                               on_conflict=on_conflict, dead_letter_table=dead_letter_table, columns=tuple(columns))
 

@@ -78,6 +78,60 @@ def test_site_builds_strictly_and_chromium_finds_every_page_and_image(site: Path
     assert missing == []
 
 
+API_ENTRIES = {
+    "oncekit.kafka_stream": ["spark", "bootstrap_servers", "topics", "max_offsets_per_trigger", "starting_offsets",
+                             "connector", "options"],
+    "oncekit.postgres_sink": ["dsn", "table", "protocol", "sink_id", "key_columns", "on_conflict", "dead_letter_table"],
+    "oncekit.kafka_sink": ["bootstrap_servers", "topic", "protocol", "sink_id", "client", "partitions",
+                           "transaction_timeout_ms", "dead_letter_topic"],
+    "oncekit.fan_out": ["targets", "route_column", "sink_id"],
+    "oncekit.start_query": ["frame", "sink", "checkpoint", "trigger", "query_name", "output_mode", "notify",
+                            "batch_timeout"],
+    "oncekit.OncekitQuery.await_termination": ["timeout"],
+    "oncekit.OncekitQuery.stop": [],
+    "oncekit.OncekitQuery.stop_at_batch_boundary": ["timeout_s"],
+    "oncekit.spark_session": ["app_name", "master", "conf"],
+    "oncekit.supervise": ["run", "strategy", "on_restart"],
+}
+"""The API page's entry points, each with the parameters whose meaning it must say."""
+
+
+def test_the_api_page_shows_every_entry_point_and_what_each_parameter_means(site: Path) -> None:
+    """In chromium, the rendered API page: each entry of :data:`API_ENTRIES` is there, with a
+    description, and each of its parameters is listed with its meaning (``name (type) – what it
+    is``), not its type alone. OncekitQuery shows no constructor (the kit builds it)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        page = browser.new_page()
+        page.goto((site / "api.html").as_uri())
+        entries = page.eval_on_selector_all("dl.py > dt[id]", """dts => Object.fromEntries(dts.map(dt => [dt.id, {
+            signature: dt.textContent,
+            described: dt.nextElementSibling.querySelector(':scope > p') !== null,
+            params: [...dt.nextElementSibling.querySelectorAll(':scope > dl.field-list > dt')]
+                .filter(field => field.textContent.trim().startsWith('Parameters'))
+                .flatMap(field => [...field.nextElementSibling.querySelectorAll('li, dd > p')])
+                .map(item => item.textContent.trim())}]))""")
+        browser.close()
+    problems = []
+    for entry, parameters in API_ENTRIES.items():
+        found = entries.get(entry)
+        if found is None:
+            problems.append(f"{entry}: not on the page")
+            continue
+        if not found["described"]:
+            problems.append(f"{entry}: no description")
+        for name in parameters:
+            lines = [line for line in found["params"] if line.split(" ", 1)[0].lstrip("*") == name]
+            if not lines or not re.search(r"[–—-] \S", lines[0]):
+                problems.append(f"{entry}: parameter {name} has no meaning ({lines[:1]})")
+    constructor = entries.get("oncekit.OncekitQuery", {}).get("signature", "")
+    if "query" in constructor.split("OncekitQuery", 1)[-1]:
+        problems.append(f"OncekitQuery shows its internal constructor: {constructor}")
+    assert problems == []
+
+
 def test_every_console_block_is_named_and_run_by_a_test() -> None:
     unnamed = [page for page, _ in blocks("console")]
     assert unnamed == [], f"console blocks without a name (a test cannot run them): {unnamed}"
