@@ -275,6 +275,34 @@ RECONNECT: Mapping[str, Any] = {
 
 
 
+_PEM_TRUST = "librdkafka reads CA certificates as PEM: ssl.ca.location (export a JKS truststore's with keytool -exportcert -rfc)"
+_KEYSTORE = ("librdkafka reads a PKCS#12 keystore (ssl.keystore.location, ssl.keystore.password) or PEM files "
+             "(ssl.certificate.location, ssl.key.location); convert a JKS keystore with keytool -importkeystore "
+             "-deststoretype PKCS12")
+_SERDE = "the kit's clients read and write bytes; turn the value into a string or binary column in the query"
+JAVA_ONLY_SETTINGS = {
+    "sasl.jaas.config": "librdkafka takes the credentials as sasl.username and sasl.password (mechanisms PLAIN and "
+                        "SCRAM-*), or the sasl.oauthbearer.* settings (OAUTHBEARER), beside sasl.mechanism",
+    "sasl.login.callback.handler.class": "librdkafka has no Java callbacks; for OAuth give sasl.oauthbearer.method=oidc "
+                                         "and the sasl.oauthbearer.* settings",
+    "ssl.truststore.location": _PEM_TRUST, "ssl.truststore.password": _PEM_TRUST, "ssl.truststore.type": _PEM_TRUST,
+    "ssl.keystore.type": _KEYSTORE,
+    "key.serializer": _SERDE, "value.serializer": _SERDE, "key.deserializer": _SERDE, "value.deserializer": _SERDE,
+}
+"""Settings of Kafka's Java client that librdkafka (the kit's client) does not have, with what it
+takes instead: Spark's own Kafka options carry them, and a job moved to the kit may still."""
+
+
+def refuse_java_client_settings(client: Mapping[str, Any], where: str, prefix: str = "") -> None:
+    """Called where a sink or source takes its client settings: ConfigError naming each Java-client
+    setting in ``client`` (as the user spelled it, with ``prefix``) and librdkafka's equivalent.
+    Only names go in the message, never values (a JAAS line holds a password)."""
+    found = sorted(key for key in client if key in JAVA_ONLY_SETTINGS)
+    if found:
+        raise ConfigError(f"{where}: " + "; ".join(f"{prefix}{key} is a setting of Kafka's Java client, which the kit "
+                                                   f"does not use: {JAVA_ONLY_SETTINGS[key]}" for key in found))
+
+
 @dataclass(frozen=True)
 class KafkaConfig:
     """Where a Kafka cluster is and how to talk to it.
@@ -291,6 +319,7 @@ class KafkaConfig:
             raise ConfigError("kafka: bootstrap_servers is empty; give host:port[,host:port]")
         if "bootstrap.servers" in self.client:
             raise ConfigError("kafka: give bootstrap servers once, as bootstrap_servers, not in client settings")
+        refuse_java_client_settings(self.client, "kafka")
 
     def __repr__(self) -> str:
         return f"KafkaConfig(bootstrap_servers={self.bootstrap_servers!r}, client={redact_config(self.client)!r})"

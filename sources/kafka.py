@@ -16,7 +16,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
@@ -25,11 +25,12 @@ import numpy as np
 import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from oncekit.connectors.kafka import CLIENTS, READ_AHEAD, RECONNECT, KafkaConfig, attempt_timeout, retrying
+from oncekit.connectors.kafka import (CLIENTS, READ_AHEAD, RECONNECT, KafkaConfig, attempt_timeout,
+                                      refuse_java_client_settings, retrying)
 
 from oncekit.connectors.kafka_admin import check_access
 from oncekit.connectors.redact import redact_config
-from oncekit.core.errors import ConfigError, DataLossError, OncekitError, SourceReadError
+from oncekit.core.errors import ConfigError, DataLossError, SourceReadError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -76,6 +77,10 @@ class KafkaSourceOptions:
         client = {key[len("kafka."):]: value for key, value in lowered.items() if key.startswith("kafka.")}
         if "bootstrap.servers" not in client:
             raise ConfigError(f"{FORMAT}: option kafka.bootstrap.servers is required")
+        refuse_java_client_settings(client, f"{FORMAT} source", prefix="kafka.")
+        if "assign" in lowered:
+            raise ConfigError(f"{FORMAT} source: the option assign (chosen partitions) is not supported; give subscribe "
+                              "(topics) or subscribePattern (a regex): the source reads every partition of them")
         client.setdefault("isolation.level", "read_committed")
         if client["isolation.level"] not in ("read_committed", "read_uncommitted"):
             raise ConfigError(f"{FORMAT}: kafka.isolation.level must be read_committed or read_uncommitted")
@@ -344,7 +349,7 @@ SPARK_CONNECTOR_PACKAGE = "org.apache.spark:spark-sql-kafka-0-10_2.13"
 def kafka_stream(
     spark: SparkSession,
     bootstrap_servers: str,
-    topics: str | list[str],
+    topics: str | Sequence[str] | None = None,
     *,
     max_offsets_per_trigger: int | None = None,
     starting_offsets: str = "earliest",
@@ -365,7 +370,10 @@ def kafka_stream(
 
     :param spark: the job's session.
     :param bootstrap_servers: the brokers, ``host:port[,host:port...]``.
-    :param topics: the topic, or topics, to read (Spark's ``subscribe``).
+    :param topics: the topic, or topics, to read (Spark's ``subscribe``); None with the option
+        ``subscribePattern`` (a regex) in ``options`` instead, which takes in the topics that
+        match as they appear. Spark's ``assign`` (chosen partitions) is refused: the source reads
+        every partition of its topics.
     :param max_offsets_per_trigger: at most this many records per batch, over all partitions
         (Spark's ``maxOffsetsPerTrigger``); None reads all there is.
     :param starting_offsets: where a new checkpoint's first batch starts: ``earliest`` (the
@@ -380,6 +388,8 @@ def kafka_stream(
     """
     if connector not in CONNECTORS:
         raise ConfigError(f"kafka_stream: connector {connector!r} is not one of {', '.join(CONNECTORS)}")
+    if (topics is None) == ("subscribePattern" not in options):
+        raise ConfigError("kafka_stream: give the topics, or subscribePattern='<regex>' as an option, not both")
     if connector == "oncekit":
         register(spark)
     else:
@@ -387,9 +397,10 @@ def kafka_stream(
     reader = (
         spark.readStream.format(FORMAT if connector == "oncekit" else "kafka")
         .option("kafka.bootstrap.servers", bootstrap_servers)
-        .option("subscribe", topics if isinstance(topics, str) else ",".join(topics))
         .option("startingOffsets", starting_offsets)
     )
+    if topics is not None:
+        reader = reader.option("subscribe", topics if isinstance(topics, str) else ",".join(topics))
     if max_offsets_per_trigger is not None:
         reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
     try:

@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal, cast, get_args
 
-from oncekit.connectors.kafka import KafkaConfig
+from oncekit.connectors.kafka import KafkaConfig, refuse_java_client_settings
 from oncekit.connectors.redact import redact_config
 from oncekit.core.errors import ConfigError
 from oncekit.core.protocol import Sink, SinkConfig
@@ -38,6 +38,7 @@ class KafkaSinkConfig(SinkConfig):
 
     def __post_init__(self) -> None:
         self._check_common(PROTOCOLS, self.topic, f"kafka-{self.topic}")
+        refuse_java_client_settings(self.client, f"{FORMAT} sink {self.sink_id}")
         if self.columns and "value" not in self.columns:
             raise ConfigError(f"{FORMAT} sink {self.sink_id}: the stream needs a value column; it has {', '.join(self.columns)}")
 

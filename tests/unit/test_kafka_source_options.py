@@ -157,3 +157,42 @@ def test_unknown_connector_is_refused() -> None:
 
     with pytest.raises(ConfigError, match="connector 'jvm' is not one of oncekit, spark"):
         kafka_stream(_Session(), "b:9092", "payments", connector="jvm")  # type: ignore[arg-type]
+
+
+def test_a_topic_pattern_reaches_the_source_and_topics_with_a_pattern_are_refused() -> None:
+    from oncekit.sources.kafka import kafka_stream
+
+    session = _Session()
+    with pytest.raises(ConfigError, match="DATA_SOURCE_NOT_FOUND|--packages"):
+        kafka_stream(session, "b:9092", connector="spark", subscribePattern="orders-.*")  # type: ignore[arg-type]
+    assert session.readStream.given["subscribePattern"] == "orders-.*" and "subscribe" not in session.readStream.given
+    for topics, options in ((None, {}), ("orders", {"subscribePattern": "orders-.*"})):
+        with pytest.raises(ConfigError, match="give the topics, or subscribePattern"):
+            kafka_stream(_Session(), "b:9092", topics, **options)  # type: ignore[arg-type]
+
+
+def test_assign_is_refused_by_name() -> None:
+    with pytest.raises(ConfigError, match="option assign .* not supported"):
+        KafkaSourceOptions.parse({**BASE, "assign": '{"a": [0]}'})
+
+
+@pytest.mark.parametrize(("setting", "instead"), [
+    ("sasl.jaas.config", "sasl.username and sasl.password"),
+    ("ssl.truststore.location", "ssl.ca.location"),
+    ("ssl.keystore.type", "PKCS#12"),
+    ("value.deserializer", "string or binary column"),
+])
+def test_a_java_client_setting_is_refused_naming_librdkafkas_equivalent_and_no_secret(setting: str, instead: str) -> None:
+    from oncekit.connectors import KafkaConfig
+    from oncekit.sinks.kafka import kafka_sink
+
+    secret = 'org.apache.kafka.common.security.plain.PlainLoginModule required username="u" password="s3cr3t";'
+    with pytest.raises(ConfigError) as source:
+        KafkaSourceOptions.parse({**BASE, f"kafka.{setting}": secret})
+    with pytest.raises(ConfigError) as sink:
+        kafka_sink("b:9092", "out", client={setting: secret})
+    with pytest.raises(ConfigError) as config:
+        KafkaConfig("b:9092", {setting: secret})
+    for raised, spelled in ((source, f"kafka.{setting}"), (sink, setting), (config, setting)):
+        text = str(raised.value)
+        assert spelled in text and instead in text and "s3cr3t" not in text, text
