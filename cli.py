@@ -67,7 +67,7 @@ def _produce(args: argparse.Namespace) -> int:
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     """The config flags as dotted config keys (flags not given are None, which keeps the file's)."""
     return {"services.kafka_bootstrap": args.bootstrap, "services.postgres_dsn": args.dsn,
-            "pipeline.checkpoint": args.checkpoint}
+            "pipeline.checkpoint": args.checkpoint_root}
 
 
 def _pipeline(args: argparse.Namespace) -> int:
@@ -77,12 +77,23 @@ def _pipeline(args: argparse.Namespace) -> int:
                                  state_partitions=args.state_partitions, standby=args.standby)
 
 
+SAVEPOINTS_FOLDER = "_savepoints"
+"""Where a job's savepoints live unless ``--dir`` says, inside its checkpoint root: every host that
+runs or asks for the job reaches the root, so the driver that writes a savepoint and the command
+that asked for it agree on the place (Spark and the kit skip the folder: it holds no checkpoint)."""
+
+
 def _savepoint(args: argparse.Namespace) -> int:
     from oncekit import savepoints
 
-    # Each action has only its own flags (create: name, --timeout; restore: name, --state-partitions).
-    return savepoints.main(args.action, getattr(args, "name", None), args.dir, getattr(args, "checkpoint", None),
-                           getattr(args, "timeout", 300.0), getattr(args, "state_partitions", None))
+    if args.dir is None and args.checkpoint_root is None:
+        raise ConfigError(f"savepoint {args.action}: give --checkpoint-root (the job's checkpoint root, whose savepoints "
+                          f"live in ROOT/{SAVEPOINTS_FOLDER}) or --dir (where the savepoints live)")
+    into = args.dir or f"{args.checkpoint_root.rstrip('/')}/{SAVEPOINTS_FOLDER}"
+    # Each action has only its own flags (create: name, --timeout; restore: name, --into, --state-partitions).
+    return savepoints.main(args.action, getattr(args, "name", None), into, args.checkpoint_root,
+                           getattr(args, "timeout", 300.0), getattr(args, "state_partitions", None),
+                           getattr(args, "into", None))
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -119,7 +130,8 @@ def _add_pipeline_commands(commands: Any) -> None:
         command.add_argument("--config", help="pipeline config file (TOML); flags override it")
         command.add_argument("--bootstrap", help="Kafka bootstrap servers")
         command.add_argument("--dsn", help="PostgreSQL connection string (prefer ONCEKIT_POSTGRES_DSN: flags show in ps)")
-        command.add_argument("--checkpoint", help="checkpoint location of the pipeline")
+        command.add_argument("--checkpoint-root", metavar="ROOT",
+                             help="the pipeline's checkpoint root, whose subfolders are its queries' checkpoints")
 
     run = commands.add_parser("pipeline", help="run the reference pipeline under its restart strategy")
     run.add_argument("action", choices=["run"])
@@ -134,10 +146,10 @@ def _add_pipeline_commands(commands: Any) -> None:
 
     saving = commands.add_parser("savepoint", help="create, list, restore or delete savepoints of any job's queries")
     actions = saving.add_subparsers(dest="action", required=True)
-    helps = {"create": "stop the job running from --checkpoint with a savepoint, wherever its driver runs (or copy "
-                       "a stopped job's checkpoints)",
-             "list": "the savepoints in --dir", "restore": "copy a savepoint into a new checkpoint root",
-             "delete": "delete a savepoint"}
+    helps = {"create": "stop the job running from --checkpoint-root with a savepoint, wherever its driver runs (or "
+                       "copy a stopped job's checkpoints)",
+             "list": "the job's savepoints", "restore": "copy a savepoint of the job into a new checkpoint root (--into)",
+             "delete": "delete a savepoint of the job"}
     for action, text in helps.items():
         each = actions.add_parser(action, help=text)
         if action == "create":
@@ -146,13 +158,14 @@ def _add_pipeline_commands(commands: Any) -> None:
                               help="seconds to wait for the running job to stop with it (default %(default)s)")
         elif action in ("restore", "delete"):
             each.add_argument("name", help="savepoint name (oncekit savepoint list shows them)")
-        if action in ("create", "restore"):
-            each.add_argument("--checkpoint", required=True, metavar="ROOT",
-                              help="the job's checkpoint root, whose subfolders are its queries' checkpoints (a path or "
-                                   "a URI); restore: a new, empty one")
+        each.add_argument("--checkpoint-root", required=action in ("create", "restore"), metavar="ROOT",
+                          help="the job's checkpoint root, whose subfolders are its queries' checkpoints (a path or a "
+                               f"URI, which every host of the job reaches); its savepoints live in ROOT/{SAVEPOINTS_FOLDER}")
+        each.add_argument("--dir", help=f"where the savepoints live instead of ROOT/{SAVEPOINTS_FOLDER} (a path or a URI)")
         if action == "restore":
+            each.add_argument("--into", required=True, metavar="NEW_ROOT",
+                              help="the new, empty checkpoint root to restore into; start the job from there")
             each.add_argument("--state-partitions", type=int, metavar="N", help=STATE_PARTITIONS_HELP)
-        each.add_argument("--dir", default=".oncekit/savepoints", help="where savepoints live (a path or a URI)")
         each.set_defaults(run=_savepoint)
 
     doctor = commands.add_parser("doctor", help="preflight checks of Java, Spark, Kafka and PostgreSQL for a job")

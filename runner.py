@@ -14,7 +14,7 @@ A job is a function of the Spark session that starts its queries with
 Each attempt calls the function on the session and waits until every query it started has
 ended (drained with ``availableNow``) or one failed; then it stops the others and the restart
 strategy decides (:func:`~oncekit.core.restart.supervise`). ``oncekit savepoint create
---checkpoint ROOT``, from any host, stops the job's queries checkpointed under ``ROOT`` at a
+--checkpoint-root ROOT``, from any host, stops the job's queries checkpointed under ``ROOT`` at a
 batch boundary with a savepoint (:mod:`oncekit.core.savepoint_stop`). Called by :mod:`oncekit.cli`; a
 tool on top of the library, like the reference pipeline.
 """
@@ -95,7 +95,7 @@ def _queries(job: str, started: Any) -> list[OncekitQuery]:
 class Attempt:
     """One attempt of a job: start its queries, wait until all ended, one failed (then the others
     are stopped and its error raised, for the restart strategy), or a stop-with-savepoint was
-    asked for (``oncekit savepoint create --checkpoint ROOT``: then the queries stop at a batch
+    asked for (``oncekit savepoint create --checkpoint-root ROOT``: then the queries stop at a batch
     boundary and the savepoint is taken, :attr:`saved`). ``on_started`` hears the started queries."""
 
     def __init__(self, job: str, start: Callable[[Any], Any],

@@ -64,8 +64,10 @@ def restore(path: str, root: str, state_partitions: int | None = None) -> savepo
 
 
 def main(action: str, name: str | None, into: str, root: str | None, timeout_s: float = 300.0,
-         state_partitions: int | None = None) -> int:
-    """``oncekit savepoint ACTION``: print what was done; 0 when done."""
+         state_partitions: int | None = None, new_root: str | None = None) -> int:
+    """``oncekit savepoint ACTION``: print what was done; 0 when done. ``into`` is where the
+    savepoints live, ``root`` the job's checkpoint root, ``new_root`` the root a restore copies
+    into."""
     folder = into.rstrip("/")
     if action == "list":
         for found in savepoints.list_savepoints(folder):
@@ -77,15 +79,17 @@ def main(action: str, name: str | None, into: str, root: str | None, timeout_s: 
         savepoints.delete(f"{folder}/{name}")
         print(f"deleted savepoint {name}")
         return 0
-    if not root:
-        raise ConfigError(f"savepoint {action}: give --checkpoint, the job's checkpoint root (the folder whose "
-                          "subfolders are its queries' checkpoints)")
     if action == "restore":
-        restored = restore(f"{folder}/{name}", root, state_partitions)
+        if not new_root:
+            raise ConfigError("savepoint restore: give --into, the new checkpoint root to restore into")
+        restored = restore(f"{folder}/{name}", new_root, state_partitions)
         scale = f" with {state_partitions} state partitions" if state_partitions else ""
-        print(f"restored {restored.name} into {savepoints.location(root)}{scale}: start the job with its queries' "
+        print(f"restored {restored.name} into {savepoints.location(new_root)}{scale}: start the job with its queries' "
               f"checkpoints there ({', '.join(q.name for q in restored.queries)})")
         return 0
+    if not root:
+        raise ConfigError(f"savepoint {action}: give --checkpoint-root, the job's checkpoint root (the folder whose "
+                          "subfolders are its queries' checkpoints)")
     created = create(root, folder, name, timeout_s)
     print(f"savepoint {created.name} at {created.path}: {created.describe()}")
     return 0

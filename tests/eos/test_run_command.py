@@ -93,7 +93,8 @@ def test_oncekit_savepoint_stops_a_running_users_job_and_its_restore_ends_exactl
         while (SparkLog(str(root / "payments")).latest_completed() or 0) < 1:
             assert running.poll() is None and time.monotonic() < deadline, "the job committed no second batch"
             time.sleep(0.5)
-        created = oncekit("savepoint", "create", "first", "--checkpoint", str(root), "--dir", str(saved), "--timeout", "120")
+        created = oncekit("savepoint", "create", "first", "--checkpoint-root", str(root), "--dir", str(saved),
+                          "--timeout", "120")
         assert created.returncode == 0, created.stdout + created.stderr
         out, err = running.communicate(timeout=120)
     finally:
@@ -101,7 +102,7 @@ def test_oncekit_savepoint_stops_a_running_users_job_and_its_restore_ends_exactl
     assert running.returncode == 0 and "stopped with savepoint first" in out, out[-2000:] + err[-3000:]
 
     expected += produce_input(kafka, topic, 400, first=600)
-    restore = oncekit("savepoint", "restore", "first", "--checkpoint", str(restored), "--dir", str(saved))
+    restore = oncekit("savepoint", "restore", "first", "--dir", str(saved), "--into", str(restored))
     assert restore.returncode == 0 and "restored first into" in restore.stdout, restore.stdout + restore.stderr
     drained = oncekit("run", "job.py", JOB_CHECKPOINT=str(restored / "payments"), JOB_UNTIL="drained")
     assert drained.returncode == 0, drained.stdout[-2000:] + drained.stderr[-3000:]

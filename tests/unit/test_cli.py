@@ -25,9 +25,10 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
 @pytest.mark.parametrize("argv, refused", [
     (["verify", "--lifecycle", "--soak", "30m"], "not allowed with argument --lifecycle"),
     (["verify", "--faults", "3", "--soak", "30m"], "not allowed with argument --faults"),
-    (["savepoint", "create", "--checkpoint", "cp", "--state-partitions", "4"], "unrecognized arguments: --state-partitions"),
-    (["savepoint", "create"], "the following arguments are required: --checkpoint"),
-    (["savepoint", "restore"], "the following arguments are required: name"),
+    (["savepoint", "create", "--checkpoint-root", "cp", "--state-partitions", "4"],
+     "unrecognized arguments: --state-partitions"),
+    (["savepoint", "create"], "the following arguments are required: --checkpoint-root"),
+    (["savepoint", "restore"], "the following arguments are required: name, --checkpoint-root, --into"),
     (["run"], "the following arguments are required: job"),
 ])
 def test_conflicting_or_missing_flags_are_refused(argv: list[str], refused: str,
@@ -53,3 +54,4 @@ def test_every_flag_has_help(monkeypatch: pytest.MonkeyPatch, capsys: pytest.Cap
     monkeypatch.setattr(argparse._ActionsContainer, "add_argument", add_argument)
     exit_code(["--help"], capsys)
     assert silent == []
+

@@ -221,3 +221,24 @@ def test_restore_says_per_protocol_what_happens_to_batches_written_after_the_sav
     assert notes[0] == "query balances resumes after batch 1; batches its sinks wrote after the savepoint are:"
     assert any(n.startswith("  pg-t (two-phase-commit): not written again while the marker table") for n in notes)
     assert any(n.startswith("  kafka-out (transactional): compared with the markers' history") for n in notes)
+
+
+def test_the_commands_keep_a_jobs_savepoints_under_its_checkpoint_root(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """``oncekit savepoint create`` of a stopped job puts the savepoint in ROOT/_savepoints, where
+    list, restore (into --into) and delete find it from the same root; the folder is not taken
+    for a query; list with neither a root nor --dir is refused."""
+    from oncekit import cli
+    from oncekit.core.savepoint import queries_under
+
+    root, new_root = fake_checkpoint(tmp_path / "cp"), tmp_path / "cp2"
+    assert cli.main(["savepoint", "create", "s1", "--checkpoint-root", str(root)]) == 0
+    assert (root / "_savepoints" / "s1").is_dir() and queries_under(str(root)) == ["balances", "late_events"]
+    assert cli.main(["savepoint", "list", "--checkpoint-root", str(root)]) == 0
+    assert "s1" in capsys.readouterr().out
+    assert cli.main(["savepoint", "restore", "s1", "--checkpoint-root", str(root), "--into", str(new_root)]) == 0
+    assert sorted(p.name for p in new_root.iterdir()) == ["balances", "late_events"]
+    assert cli.main(["savepoint", "delete", "s1", "--checkpoint-root", str(root)]) == 0
+    assert not (root / "_savepoints" / "s1").exists()
+    assert cli.main(["savepoint", "list"]) == 1
+    assert "give --checkpoint-root" in capsys.readouterr().err
