@@ -3,7 +3,7 @@
 The public surface: :func:`kafka_stream` (the source), :func:`postgres_sink`, :func:`kafka_sink`
 and :func:`fan_out` (the sinks), :func:`start_query` and the :class:`OncekitQuery` it returns,
 :class:`Trigger`, :func:`spark_session`, :func:`supervise` with its restart strategies,
-:func:`stand_by`, and every error (:class:`OncekitError` and its subclasses). Importing ``oncekit`` loads neither Spark nor a client; each name loads its own module on
+:func:`stand_by`, :func:`run` (a job's restarts, savepoints and standby from its own file), and every error (:class:`OncekitError` and its subclasses). Importing ``oncekit`` loads neither Spark nor a client; each name loads its own module on
 first use.
 """
 
@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from oncekit.core.spark.query import OncekitQuery, Trigger, start_query
     from oncekit.core.spark.session import spark_session
     from oncekit.core.spark.standby import stand_by
+    from oncekit.runner import run
     from oncekit.sinks.kafka import kafka_sink
     from oncekit.sinks.postgres import postgres_sink
     from oncekit.sources.kafka import kafka_stream
@@ -64,6 +65,7 @@ _LAZY = {
     "kafka_stream": "oncekit.sources.kafka",
     "postgres_sink": "oncekit.sinks.postgres",
     "kafka_sink": "oncekit.sinks.kafka",
+    "run": "oncekit.runner",
 }
 
 

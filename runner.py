@@ -164,13 +164,37 @@ def status_page(port: int, host: str = "127.0.0.1") -> Callable[[list[OncekitQue
 
 def run_job(job: str, restart: str = DEFAULT_RESTART, standby: Sequence[str] = (), app_name: str = "oncekit-job",
             ui_port: int | None = None, ui_host: str = "127.0.0.1") -> int:
-    """``oncekit run``: run ``job`` under the restart strategy ``restart``; with ``standby`` (the
-    job's checkpoint locations), warm up and wait until no other driver holds them first, and
-    wait again whenever another driver turns out to run them (it won the race to take over, or
-    took over from this one); with ``ui_port``, serve the status page on ``ui_host`` while it runs
-    (the loopback by default; 0.0.0.0 for a Prometheus on another host). Ends when the job's queries ended, the
-    strategy gave up (RestartsExhaustedError), or a stop-with-savepoint was taken."""
-    start, strategy = load_job(job), parse_restart(restart)
+    """``oncekit run``: :func:`run` the function the job file or module ``job`` names."""
+    return run(load_job(job), restart=restart, standby=standby, app_name=app_name, ui_port=ui_port, ui_host=ui_host,
+               name=job)
+
+
+def run(start: Callable[[Any], Any], *, restart: str | RestartStrategy = DEFAULT_RESTART, standby: Sequence[str] = (),
+        app_name: str = "oncekit-job", ui_port: int | None = None, ui_host: str = "127.0.0.1", name: str = "") -> int:
+    """Run a job as ``oncekit run`` does, from the job's own file: restarts, stop-with-savepoint
+    from any host, the standby and the status page, for a job submitted with ``spark-submit``::
+
+        if __name__ == "__main__":  # spark-submit job.py
+            oncekit.run(start)
+
+    :param start: the job: called with the Spark session, it starts the job's queries with
+        :func:`~oncekit.start_query` and returns them (one, or a list).
+    :param restart: when to start the queries again after a restartable error: a strategy
+        (:class:`~oncekit.FixedDelay`...) or its one-line form, ``fixed-delay:attempts=3,delay_s=1``
+        (the default), ``failure-rate:...``, ``exponential-backoff:...``, ``none``.
+    :param standby: the job's query checkpoints: warm Spark up and wait until no other driver
+        holds them before the first start, and wait again whenever another driver turns out to
+        run them. Empty: start at once.
+    :param app_name: Spark's application name, unless spark-submit gave one.
+    :param ui_port: serve the status page and ``/metrics`` of the job's queries on this port.
+    :param ui_host: the address the status page serves on (the loopback by default; ``0.0.0.0``
+        for a Prometheus on another host).
+    :param name: the job's name in what it prints (default: ``start``'s).
+    :returns: 0, once the job's queries ended or stopped with a savepoint
+        (``oncekit savepoint create --checkpoint-root ROOT`` from any host).
+    :raises RestartsExhaustedError: the strategy gave up."""
+    job = name or getattr(start, "__name__", "job")
+    strategy = parse_restart(restart) if isinstance(restart, str) else restart
     session = functools.partial(spark_session, app_name)
     one = Attempt(job, start, status_page(ui_port, ui_host) if ui_port is not None else lambda queries: None)
 

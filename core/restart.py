@@ -161,7 +161,8 @@ def supervise(run: Callable[[], None], strategy: RestartStrategy,
     :param on_restart: called with the restart's number and the error, before each restart.
     :returns: how many restarts it took.
     :raises RestartsExhaustedError: the strategy gave up (the last error is its cause); an error
-        that no restart helps (a ConfigError, a superseded run) is raised at once."""
+        that no restart mends (a run another driver superseded, a replay that differs from what
+        was written, access refused: ``UNRESTARTABLE``) is raised at once."""
     restarts = 0
 
     def before_sleep(state: tenacity.RetryCallState) -> None:

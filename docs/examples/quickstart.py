@@ -19,3 +19,11 @@ def start(spark):
     ).where("event_id IS NOT NULL AND account_id IS NOT NULL AND amount_cents IS NOT NULL")  # not malformed
     sink = postgres_sink(DSN, TABLE, "two-phase-commit")
     return start_query(payments, sink, f"{CHECKPOINTS}/payments", trigger={"processingTime": "5 seconds"})
+
+
+if __name__ == "__main__":  # spark-submit quickstart.py [--standby]: what oncekit run gives, from the job's own file
+    import sys
+
+    import oncekit
+
+    oncekit.run(start, standby=[f"{CHECKPOINTS}/payments"] if "--standby" in sys.argv else ())

@@ -27,13 +27,13 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples"
 PAYMENTS = 300
 
 
-def produce_payments(kafka: KafkaConfig, topic: str) -> list[str]:
+def produce_payments(kafka: KafkaConfig, topic: str, seed: int = 3) -> list[str]:
     """PAYMENTS events as ``oncekit produce`` sends them, one in twenty malformed (a bad JSON, an
     event without account or amount, an amount that is not a number); returns the ids of the
-    well-formed ones, each sent once."""
+    well-formed ones, each sent once (ids differ from one ``seed`` to another)."""
     create_topic(kafka, topic, partitions=2)
     producer = Producer(kafka.settings())
-    sent = list(events(Workload(count=PAYMENTS, duplicates=0, malformed=0.05, seed=3)))
+    sent = list(events(Workload(count=PAYMENTS, duplicates=0, malformed=0.05, seed=seed)))
     assert sum(not event.unique for event in sent) >= 5
     for event in sent:
         producer.produce(topic, key=event.key, value=event.value)

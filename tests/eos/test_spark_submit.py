@@ -1,47 +1,34 @@
-"""A user's job on a Spark cluster from the built wheel (issue 34 item 2), with the deployment
-page's commands: the wheel installed into a fresh virtual environment with only the supported pyspark, a job file outside the
-checkout that uses only ``from oncekit import ...``, submitted with ``spark-submit`` to a
-standalone cluster whose executors run the same environment (at the same path on every node,
-as a cluster image gives it). The driver crashes once in its commit; the job submitted again
-ends exactly-once, nothing prepared."""
+"""A user's job on a Spark cluster from the built wheel, as the deployment page's "Run on your
+cluster" says: the wheel installed into a fresh virtual environment with only the supported
+pyspark, the getting-started job file outside the checkout, submitted with ``spark-submit`` to a
+standalone cluster whose executors run the same environment (at the same path on every node, as
+a cluster image gives it); restarts in place, a savepoint from another process, its restore."""
 
 from __future__ import annotations
 
 import os
+import shlex
+import shutil
+import signal
 import subprocess
 import sys
+import time
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from oncekit.connectors import KafkaConfig
 from oncekit.core.crash import CRASH_DIR_ENV, arm, fired
 from oncekit.verify import compare
-from oncekit.verify.io import prepare_target
 from tests.docs.console import console_commands
-from tests.eos.pipeline import prepared_transactions, produce_input, table_ids
+from tests.docs.test_examples import EXAMPLES, produce_payments, table_ids
+from tests.eos.pipeline import prepared_transactions
 
 pytestmark = [pytest.mark.services, pytest.mark.spark]
-
-JOB = '''\
-"""A user's job: Kafka topic into a PostgreSQL table, exactly once."""
-import os
-
-from pyspark.sql import SparkSession
-
-from oncekit import kafka_stream, postgres_sink, start_query
-
-spark = SparkSession.builder.appName("user-job").getOrCreate()
-events = kafka_stream(spark, os.environ["JOB_BOOTSTRAP"], os.environ["JOB_TOPIC"], starting_offsets="earliest",
-                      max_offsets_per_trigger=200)
-rows = events.selectExpr("CAST(CAST(value AS STRING) AS BIGINT) AS id", "CAST(value AS STRING) AS payload")
-sink = postgres_sink(os.environ["JOB_DSN"], os.environ["JOB_TABLE"], "two-phase-commit")
-query = start_query(rows.where("id IS NOT NULL"), sink, os.environ["JOB_CHECKPOINT"], trigger={"availableNow": True})
-query.await_termination()
-print("job done")
-'''
-
 
 def pyspark_version() -> str:
     import pyspark
@@ -65,41 +52,88 @@ def job_env(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return venv
 
 
-@pytest.mark.long(240)
-def test_a_users_job_from_the_wheel_on_a_standalone_cluster_crashes_once_and_ends_exactly_once(
-    kafka: KafkaConfig, postgres_dsn: str, topic: str, unique_name: str, tmp_path: Path, crash_dir: Path,
-    job_env: Path, spark_cluster: Any,
+def wait_for(what: str, done: Callable[[], bool], job: subprocess.Popen[bytes] | None, log: Path,
+             timeout_s: float = 240.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        assert job is None or job.poll() is None, f"the job ended (exit {job.poll()}) before {what}: {tail(log)}"
+        assert time.monotonic() < deadline, f"no {what} within {timeout_s:.0f} s: {tail(log)}"
+        time.sleep(1.0)
+
+
+def tail(log: Path) -> str:
+    return log.read_text(errors="replace")[-3000:] if log.exists() else "(no log)"
+
+
+@pytest.mark.long(300)
+def test_the_quickstart_job_submitted_from_the_wheel_restarts_in_place_stops_with_a_savepoint_and_resumes_from_it(
+    kafka: KafkaConfig, postgres_dsn: str, unique_name: str, tmp_path: Path, crash_dir: Path, job_env: Path,
+    spark_cluster: Any,
 ) -> None:
+    """The deployment page's "Run on your cluster", as written, on a standalone cluster: the
+    getting-started job file (``oncekit.run`` at its end) submitted with ``spark-submit`` from
+    the environment built from the wheel. Its driver commit crashes once and the query starts
+    again in the same driver; ``oncekit savepoint create`` from another process stops it; the
+    savepoint is restored into a new root, and the job submitted from there drains more input.
+    The table holds every well-formed payment once; nothing is left prepared."""
     python = job_env / "bin" / "python"
     found = subprocess.run([str(python), "-c", "import oncekit; print(oncekit.__file__)"], cwd=tmp_path,
                            capture_output=True, text=True, check=True).stdout.strip()
     assert found.startswith(str(job_env)), f"oncekit imported from {found}, not the job's environment"
-    job = tmp_path / "job.py"
-    job.write_text(JOB)
-    expected = produce_input(kafka, topic, 1_000)
-    prepare_target("postgres-two-phase-commit", kafka, postgres_dsn, unique_name)
+    shutil.copy(EXAMPLES / "quickstart.py", tmp_path / "quickstart.py")  # outside the checkout
+    topic, root = unique_name.replace("_", "-"), tmp_path / "checkpoints"
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {unique_name} (event_id text, account_id int, amount_cents bigint)")
+    expected = produce_payments(kafka, topic)
     env = {key: value for key, value in os.environ.items()
            if key not in ("SPARK_HOME", "PYTHONPATH", "VIRTUAL_ENV", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")}
-    env.update(JOB_BOOTSTRAP=kafka.bootstrap_servers, JOB_TOPIC=topic, JOB_DSN=postgres_dsn, JOB_TABLE=unique_name,
-               JOB_CHECKPOINT=str(tmp_path / "checkpoint"), PATH=f"{job_env / 'bin'}:{os.environ['PATH']}")
-    submit = console_commands("deploy-standalone", {"/opt/job": str(job_env), "spark://master:7077": spark_cluster.url})[1]
+    env.update(TOPIC=topic, TABLE=unique_name, PATH=f"{job_env / 'bin'}:{os.environ['PATH']}")
     conf = tmp_path / "conf"  # the test's own settings, where spark-submit reads a cluster's defaults
     conf.mkdir()
     (conf / "spark-defaults.conf").write_text(f"spark.executorEnv.{CRASH_DIR_ENV} {crash_dir}\n"
                                               "spark.executor.memory 1g\n")
     env["SPARK_CONF_DIR"] = str(conf)
+    on_this_cluster = {"/opt/job": str(job_env), "spark://master:7077": spark_cluster.url,
+                       "s3a://bucket/checkpoints": str(root), "kafka:9092": kafka.bootstrap_servers,
+                       "postgresql://...": shlex.quote(postgres_dsn)}
+    _, export, submit = console_commands("deploy-standalone", on_this_cluster)
+    create, restore, submit_restored = console_commands("deploy-savepoint", on_this_cluster)
 
-    def run(log: str) -> int:
-        with (tmp_path / log).open("wb") as out:
-            return subprocess.run(["bash", "-c", submit], cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                  timeout=300).returncode
+    def started(command: str, log: Path) -> subprocess.Popen[bytes]:
+        with log.open("wb") as out:
+            return subprocess.Popen(["bash", "-c", f"{export} && {command}"], cwd=tmp_path, env=env, stdout=out,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
 
-    arm(crash_dir, "driver_after_journal", batch_id=2)
-    code = run("first.log")
-    assert fired(crash_dir) == ["driver_after_journal"], (tmp_path / "first.log").read_text()[-3000:]
-    assert code != 0, "the job did not fail when its driver commit crashed"
-    assert run("second.log") == 0, (tmp_path / "second.log").read_text()[-3000:]
-    assert "job done" in (tmp_path / "second.log").read_text()
+    def from_another_process(command: str) -> str:
+        done = subprocess.run(["bash", "-c", f"{export} && {command}"], cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0, f"{command}: {done.stdout[-2000:]}{done.stderr[-2000:]}"
+        return done.stdout
+
+    def all_in(wanted: list[str]) -> Callable[[], bool]:
+        return lambda: Counter(wanted) <= Counter(table_ids(postgres_dsn, unique_name))
+
+    first, second = tmp_path / "first.log", tmp_path / "second.log"
+    jobs: list[subprocess.Popen[bytes]] = []
+    try:
+        arm(crash_dir, "driver_after_journal", batch_id=0)
+        jobs.append(started(submit, first))
+        wait_for("payment in the table", all_in(expected), jobs[0], first)
+        assert fired(crash_dir) == ["driver_after_journal"], tail(first)
+        assert "restart 1" in first.read_text(), f"the query did not start again in place: {tail(first)}"
+        assert "savepoint before-upgrade" in from_another_process(create)
+        assert jobs[0].wait(120) == 0, tail(first)
+        assert "stopped with savepoint before-upgrade" in first.read_text()
+        from_another_process(restore)
+        expected += produce_payments(kafka, topic, seed=4)
+        jobs.append(started(submit_restored, second))
+        wait_for("payment of the second half in the table", all_in(expected), jobs[1], second)
+        from_another_process(create.replace("before-upgrade", "done").replace(str(root), f"{root}-v2"))
+        assert jobs[1].wait(120) == 0, tail(second)
+    finally:
+        for job in jobs:
+            if job.poll() is None:
+                os.killpg(job.pid, signal.SIGKILL)
     verdict = compare(expected, table_ids(postgres_dsn, unique_name))
     assert verdict.exactly_once, verdict.summary()
     assert prepared_transactions(postgres_dsn, unique_name) == []

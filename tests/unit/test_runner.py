@@ -81,3 +81,25 @@ def test_oncekit_run_serves_its_status_page_on_the_host_it_is_given(monkeypatch:
         args = cli.parser().parse_args(argv)
         assert args.run(args) == 0
         assert seen[-1][-2:] == (8765, host)
+
+
+def test_a_job_run_from_its_own_file_restarts_as_oncekit_run_does(monkeypatch: pytest.MonkeyPatch,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """``oncekit.run(start)`` (a job submitted with spark-submit) restarts the job under the
+    strategy given as an object, and names the job by its function."""
+    import oncekit
+    from oncekit import runner
+    from oncekit.core.errors import RestartsExhaustedError
+
+    monkeypatch.setattr(runner, "spark_session", lambda *args, **kwargs: object())
+    calls: list[int] = []
+
+    def start(spark: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("a transient failure")
+        return "not a query"
+
+    with pytest.raises(RestartsExhaustedError, match="job start: its function must return the queries it started"):
+        oncekit.run(start, restart=oncekit.FixedDelay(attempts=2, delay_s=0))
+    assert len(calls) == 3 and "job start failed (a transient failure); restart 1" in capsys.readouterr().out
