@@ -300,3 +300,33 @@ def test_a_live_driver_on_this_host_is_live_where_proc_hides_other_users_process
     finally:
         other.kill()
         other.wait()
+
+
+def test_a_query_stopped_with_a_savepoint_keeps_its_standby_waiting_until_a_driver_starts_it_again(
+    tmp_path: Path,
+) -> None:
+    """A job stopped with a savepoint (for an upgrade) stays stopped: its lease says so, in the
+    same write that gives it up, and a standby waits on; a driver that starts the query takes the
+    lease as from nobody, and the standby takes over once that driver's lease lapses."""
+    from oncekit.core.lease import Driver
+
+    checkpoint, told = str(tmp_path), []
+    active = LeaseKeeper(checkpoint, Driver("host-a", 1, "driver-a", ""))
+    active.hold("run-1")
+    active.release(stopped_with="savepoint before-upgrade")
+    lease = QueryLease(checkpoint)
+    assert lease.holder() is None and lease.recorded() is not None
+    assert lease.recorded().stopped_with == "savepoint before-upgrade"  # type: ignore[union-attr]
+
+    def later() -> None:  # the standby's warm-up, every 0.1 s: a driver starts the job again, then dies
+        if len(told) == 1 and "stopped with savepoint before-upgrade" in told[0]:
+            restarted = LeaseKeeper(checkpoint, Driver("host-b", 2, "driver-b", ""))
+            restarted.hold("run-2")  # a start is not refused by a stopped query's record
+            restarted._stop.set()  # noqa: SLF001 - its host dies: no more renewals
+            _write(tmp_path, host="host-b", pid=2, process="driver-b", run="run-2",
+                   renewed_at=time.time() - EXPIRES_S + 0.5)
+
+    started = time.monotonic()
+    wait_free([checkpoint], poll_s=0.05, announce=told.append, every=(0.1, later))
+    assert len(told) == 2 and "is run by driver pid 2 on host-b" in told[1], told
+    assert time.monotonic() - started < 10
