@@ -117,7 +117,7 @@ class Attempt:
             failed = [query for query in queries if query.exception() is not None]
             for query in queries:
                 if query not in failed and query.isActive and wanted is not None:
-                    query.stop_at_batch_boundary()
+                    query.stop_at_batch_boundary(stopped_with=f"savepoint {wanted.name}")
                 elif query not in failed and query.isActive:
                     query.stop()
         for query in failed or queries:

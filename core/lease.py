@@ -34,7 +34,7 @@ import socket
 import threading
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from oncekit.core import clock
@@ -125,6 +125,10 @@ class Lease:
     run: str = ""
     boot: str = ""
     epoch: int = 0
+    stopped_with: str = ""
+    """Set when the driver stopped the query with a savepoint (what it stopped with): nobody holds
+    the lease, and a standby waits for a driver to start the query again rather than take it
+    over (a job stopped for an upgrade stays stopped)."""
 
     @classmethod
     def of(cls, driver: Driver, run: str, epoch: int = 0) -> Lease:
@@ -167,9 +171,10 @@ class QueryLease:
             return None
 
     def holder(self) -> Lease | None:
-        """The driver that holds the lease, None when nobody does (or the lease is void)."""
+        """The driver that holds the lease, None when nobody does (the lease is void, or its
+        driver stopped the query with a savepoint)."""
         found = self.recorded()
-        return None if found is None or found.void() else found
+        return None if found is None or found.void() or found.stopped_with else found
 
     def renew(self, run: str, epoch: int = 0, driver: Driver | None = None) -> None:
         """Driver: take or renew the lease for the query run ``run`` (of ``epoch``) of ``driver``
@@ -190,11 +195,16 @@ class QueryLease:
                               f"(epoch {found.epoch}, {found.describe()}) while run {run} (epoch {epoch}) started")
         self.write(Lease.of(driver, run, epoch))
 
-    def release(self, driver: Driver | None = None) -> None:
+    def release(self, driver: Driver | None = None, stopped_with: str = "") -> None:
         """Driver, when its query ended: give the lease up, if ``driver`` (this process by
-        default) holds it."""
+        default) holds it. A query stopped with a savepoint (``stopped_with`` says which) leaves
+        a record of that instead, in the same write, so that no standby takes it over."""
         held = self.holder()
-        if held is not None and held.of_driver(driver or Driver.this()):
+        if held is None or not held.of_driver(driver or Driver.this()):
+            return
+        if stopped_with:
+            self.write(replace(held, renewed_at=clock.now(), stopped_with=stopped_with))
+        else:
             delete_file(self.fs, self.path)
 
 
@@ -262,13 +272,14 @@ class LeaseKeeper:
         took it over while this driver was paused), as the last renewal found it; else None."""
         return self._taken
 
-    def release(self) -> None:
+    def release(self, stopped_with: str = "") -> None:
         """Driver, once its query has stopped and its last commits are done: stop renewing and
-        give the lease up (if it is still this process's)."""
+        give the lease up (if it is still this process's); ``stopped_with`` a savepoint, leave
+        the record that keeps standbys waiting (:meth:`QueryLease.release`)."""
         with self._lock:
             self._stop.set()
             self._idle_since = None
-            self.lease.release(self.driver)
+            self.lease.release(self.driver, stopped_with)
 
     def _renew(self, stop: threading.Event) -> None:
         while not stop.wait(RENEW_S):
@@ -353,21 +364,25 @@ def wait_free(checkpoints: Sequence[str], poll_s: float = 0.05, announce: Callab
               every: tuple[float, Callable[[], Any]] | None = None, driver: Driver | None = None) -> None:
     """A standby driver, warmed up: return once no live driver holds any of ``checkpoints``'
     leases (at once when the holder's process is gone from this host, else when its lease
-    lapses). ``announce`` hears who holds them while it waits; ``every`` = (seconds, call):
-    ``call`` runs that often while it waits (:func:`oncekit.core.spark.standby.stand_by`'s warm-up)."""
+    lapses) and none was stopped with a savepoint (then it waits until a driver starts the query
+    again, and for that driver). ``announce`` hears who holds them while it waits; ``every`` =
+    (seconds, call): ``call`` runs that often while it waits
+    (:func:`oncekit.core.spark.standby.stand_by`'s warm-up)."""
     told: set[tuple[str, str]] = set()
     last = clock.monotonic()
     leases = {checkpoint: QueryLease(checkpoint) for checkpoint in checkpoints}
     while True:
         me = driver or Driver.this()
-        held = [(checkpoint, holder) for checkpoint, lease in leases.items()
-                if (holder := lease.holder()) is not None and not holder.of_driver(me)]
+        held = [(checkpoint, found) for checkpoint, lease in leases.items()
+                if (found := lease.recorded()) is not None and not found.of_driver(me)
+                and (found.stopped_with or not found.void())]
         if not held:
             return
-        for checkpoint, holder in held:
-            if (checkpoint, holder.process) not in told:
-                told.add((checkpoint, holder.process))
-                announce(f"standby: {checkpoint} is run by {holder.describe()}; waiting")
+        for checkpoint, found in held:
+            if (checkpoint, found.process + found.stopped_with) not in told:
+                told.add((checkpoint, found.process + found.stopped_with))
+                announce(f"standby: {checkpoint} was stopped with {found.stopped_with}; waiting until a driver starts "
+                         "it again" if found.stopped_with else f"standby: {checkpoint} is run by {found.describe()}; waiting")
         if every is not None and clock.monotonic() - last >= every[0]:
             try:
                 every[1]()

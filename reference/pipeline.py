@@ -272,7 +272,7 @@ class ReferencePipeline:
                 if tick is not None:
                     tick(queries)
                 if should_stop is not None and should_stop():
-                    self.stop_at_batch_boundary()
+                    self.stop_at_batch_boundary(stopped_with="a savepoint")
                     break
                 active = [q for q in queries if q.isActive]
                 if not active:
@@ -297,18 +297,19 @@ class ReferencePipeline:
 
     # -- savepoints ----------------------------------------------------------------------------
 
-    def stop_at_batch_boundary(self, timeout_s: float = 120.0) -> None:
+    def stop_at_batch_boundary(self, timeout_s: float = 120.0, stopped_with: str = "") -> None:
         """Stop every running query between two batches: wait (up to ``timeout_s``) until no
-        trigger is running, then stop. A batch that starts in between is re-run on restore."""
+        trigger is running, then stop (for a savepoint: ``stopped_with``, which keeps standbys
+        waiting). A batch that starts in between is re-run on restore."""
         deadline = time.monotonic() + timeout_s
         for query in self.active:
-            query.stop_at_batch_boundary(max(0.0, deadline - time.monotonic()))
+            query.stop_at_batch_boundary(max(0.0, deadline - time.monotonic()), stopped_with=stopped_with)
 
     def savepoint(self, spark: SparkSession, into: str, name: str) -> Savepoint:
         """Stop-with-savepoint: stop the running queries at a batch boundary (if any run) and
         copy their checkpoints to ``<into>/<name>``. Called by the pipeline runner when
         ``oncekit savepoint create`` asks, and by tests."""
-        self.stop_at_batch_boundary()
+        self.stop_at_batch_boundary(stopped_with=f"savepoint {name}")
         return savepoints.create(self.checkpoint, into, name, self.fingerprints(spark))
 
     def restore(self, spark: SparkSession, savepoint_path: str, state_partitions: int | None = None) -> Savepoint:

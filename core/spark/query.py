@@ -159,36 +159,42 @@ class OncekitQuery:
     def stop(self) -> None:
         """Stop the query, commit its completed checkpoints, abort what this run left open of a
         batch Spark did not complete (the next start replays it), then give up its lease."""
+        self._stop()
+
+    def _stop(self, stopped_with: str = "") -> None:
         if self.watchdog is not None:
             self.watchdog.close()
         self.query.stop()
         self._stopped()
         if self.run and not (self.watchdog is not None and isinstance(self.watchdog.stall, LeaseLostError)):
             abort_unfinished(self.sink, self.checkpoint, self.run)
-        self._release()
+        self._release(stopped_with)
 
-    def stop_at_batch_boundary(self, timeout_s: float = 120.0) -> None:
+    def stop_at_batch_boundary(self, timeout_s: float = 120.0, *, stopped_with: str = "") -> None:
         """Stop between two batches: wait (up to ``timeout_s`` seconds) until no trigger runs, then
         :meth:`stop`; a query that ended with an error only has its completed checkpoints
         committed. A batch that starts in between is replayed by the next start, or by a
         savepoint's restore. Called for stop-with-savepoint by ``oncekit run`` and the reference
         pipeline.
 
-        :param timeout_s: how long to wait for the running batch to end before stopping anyway."""
+        :param timeout_s: how long to wait for the running batch to end before stopping anyway.
+        :param stopped_with: the savepoint the query stops for: its lease then says so, and a
+            standby waits for a driver to start the query again instead of taking it over."""
         deadline = time.monotonic() + timeout_s
         while self.query.isActive and self.query.status.get("isTriggerActive") and time.monotonic() < deadline:
             time.sleep(0.1)
         if self.query.isActive or self.query.exception() is None:
-            self.stop()
+            self._stop(stopped_with)
         else:
             self.complete()
 
-    def _release(self) -> None:
-        """The query stopped for good and its last commits are done: a standby may take over."""
+    def _release(self, stopped_with: str = "") -> None:
+        """The query stopped for good and its last commits are done: a standby may take over,
+        unless it stopped with a savepoint (``stopped_with``)."""
         if self.watchdog is not None and isinstance(self.watchdog.stall, LeaseLostError):
             return  # not this driver's any more
         try:
-            keeper(self.checkpoint).release()
+            keeper(self.checkpoint).release(stopped_with)
         except OSError as exc:
             logger.warning("query at %s: could not release its lease: %s", self.checkpoint, exc)
 
