@@ -22,15 +22,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from oncekit.connectors.redact import redact_dsn
+from oncekit.core.compat import SUPPORTED_SPARK, spark_supported
 from oncekit.core.errors import OncekitError
 
 if TYPE_CHECKING:
     from oncekit.reference.config import PipelineConfig
 
 OK, WARN, FAIL = "ok", "warn", "fail"
-SUPPORTED_SPARK = ((4, 2), (5, 0))
-"""The PySpark versions the kit supports, from the first up to (not including) the second: the
-``[spark]`` extra's ``pyspark>=4.2,<5`` in pyproject.toml."""
 
 
 @dataclass(frozen=True)
@@ -86,8 +84,7 @@ def _spark() -> Check:
     except ImportError:
         return Check("spark", FAIL, "pyspark is not installed", "pip install 'oncekit[spark]'")
     version = pyspark.__version__
-    major, minor = (int(p) for p in version.split(".")[:2])
-    if not SUPPORTED_SPARK[0] <= (major, minor) < SUPPORTED_SPARK[1]:
+    if not spark_supported(version):
         return Check("spark", FAIL, f"PySpark {version}; oncekit supports {SUPPORTED_SPARK[0][0]}.{SUPPORTED_SPARK[0][1]} "
                      f"up to {SUPPORTED_SPARK[1][0]}.0, as its [spark] extra says", "pip install 'oncekit[spark]'")
     missing = [m for m in ("google.protobuf", "grpc") if importlib.util.find_spec(m) is None]

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, TypedDict, cast
 from pyspark.sql import SparkSession
 
 import oncekit
+from oncekit.core.compat import refuse_unsupported_spark
 from oncekit.core.engine import CheckpointEngine
 from oncekit.core.errors import ConfigError, LeaseLostError, as_oncekit_error
 from oncekit.core.fanout import FanOutConfig
@@ -324,6 +325,7 @@ def start_query(
     :returns: the running query; wait on it with :meth:`OncekitQuery.await_termination`.
     """
     spark = frame.sparkSession
+    refuse_unsupported_spark(spark.version)
     refuse_speculation(spark, sink)
     refuse_moving_partitions(frame, sink)
     register_data_source(spark, sink.data_source())
