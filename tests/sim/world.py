@@ -268,11 +268,19 @@ class World:
             engine.abort_unfinished()
 
     def listener(self, token: str, state: dict[str, bool]) -> None:
-        """The checkpoint listener of one run: notifications as Spark's progress events come."""
+        """The checkpoint listener of one run: notifications as Spark's progress events come (a
+        batch's event once its commit-log entry exists; after a failed notification, the next
+        event, :data:`POLL_S` later)."""
         notified = -1
         log = SparkLog(self.checkpoint)
+
+        def event() -> bool:
+            return not state["running"] or max(map(int, self.store.names_in("/cp/commits")), default=-1) > notified
+
         while state["running"]:
-            clock.sleep(POLL_S)
+            self.scheduler.wait_until(event, 3600.0, "progress event")
+            if not state["running"]:
+                return
             latest = log.latest_completed()
             if latest is not None and latest > notified:
                 try:
@@ -282,6 +290,7 @@ class World:
                     notified = latest
                 except Exception as exc:  # noqa: BLE001 - as the listener: logged, retried at the next event
                     self.judge(exc)
+                    clock.sleep(POLL_S)
 
     def write_once(self, path: str) -> None:
         """Spark's log entry, created if absent (HDFS's rename): a second writer fails its query."""
