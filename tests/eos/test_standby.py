@@ -95,6 +95,13 @@ class Failover:
             started.wait_step("query", PROGRESS_S)
         return started
 
+    def started(self) -> tuple[DriverProcess, DriverProcess]:
+        """An active driver and a warm standby, the input so far committed: (active, standby)."""
+        active, standby = self.driver(False), self.driver(True)
+        self.step("the start")
+        standby.wait_step("warm", PROGRESS_S)
+        return active, standby
+
     def more_input(self) -> None:
         self.expected.extend(produce_input(self.kafka, self.topic, CHUNK, first=len(self.expected)))
 
@@ -170,9 +177,7 @@ def test_standby_keeps_waiting_through_a_restart_in_place_and_takes_over_after_e
     restarts = Path(campaign.ctx.checkpoint + ".restarts")
     try:
         # Each new standby warms up while the step after its start runs.
-        active, standby = driver(False), driver(True)
-        step("the start")
-        standby.wait_step("warm", PROGRESS_S)
+        active, standby = campaign.started()
 
         arm(crash_dir, "task_before_write")
         step("a transient task failure of the active driver")
@@ -217,11 +222,9 @@ def test_a_driver_paused_past_its_lease_in_its_commit_is_taken_over_and_changes_
     The simulation pauses drivers at every step on every protocol; this is its real-service
     part (``make test-long`` also pauses a driver in its abort)."""
     campaign = Failover(pipeline, kafka, postgres_dsn, topic, unique_name, tmp_path, crash_dir, LEASE_EXPIRY_S)
-    driver, step = campaign.driver, campaign.step
+    step = campaign.step
     try:
-        active, standby = driver(False), driver(True)
-        step("the start")
-        standby.wait_step("warm", PROGRESS_S)
+        active, standby = campaign.started()
 
         arm(crash_dir, "driver_after_journal", hold=True)
         campaign.more_input()
@@ -253,11 +256,9 @@ def test_a_driver_paused_past_its_lease_in_its_abort_is_taken_over_and_changes_n
     the failed batch, and woken once the standby has journaled its replay: it aborts only its own
     run's work and stops. Then more input; at the end the output is the input exactly once."""
     campaign = Failover(pipeline, kafka, postgres_dsn, topic, unique_name, tmp_path, crash_dir, LEASE_EXPIRY_S)
-    driver, step = campaign.driver, campaign.step
+    step = campaign.step
     try:
-        active, standby = driver(False), driver(True)
-        step("the start")
-        standby.wait_step("warm", PROGRESS_S)
+        active, standby = campaign.started()
 
         arm(crash_dir, "task_before_write")
         arm(crash_dir, "driver_abort", hold=True)
