@@ -178,3 +178,18 @@ def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
 def test_python_blocks_written_in_pages_compile() -> None:
     for page, text in blocks("python"):
         compile(text, page, "exec")
+
+
+def test_every_message_the_troubleshooting_page_quotes_is_one_the_kit_says() -> None:
+    """Each bold quote of the troubleshooting page (``...`` for what varies) is text of the kit's
+    own messages, so the page cannot drift from what a user sees."""
+    root = DOCS.parent
+    source = "".join(path.read_text() for folder in ("core", "sinks", "sources", "connectors", "status", "verify")
+                     for path in (root / folder).rglob("*.py"))
+    source += "".join((root / name).read_text() for name in ("runner.py", "cli.py", "savepoints.py"))
+    source = re.sub(r'"\s*\n\s*f?"', "", source)  # adjacent literals of one message, joined
+    quotes = re.findall(r"\*\*`([^`]+)`\*\*", (DOCS / "troubleshooting.md").read_text())
+    assert len(quotes) >= 10
+    missing = [quote for quote in quotes
+               if not all(piece.strip() in source for piece in quote.split("...") if piece.strip())]
+    assert missing == []
