@@ -27,7 +27,6 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 
 from oncekit.connectors.kafka import (CLIENTS, READ_AHEAD, RECONNECT, KafkaConfig, attempt_timeout,
                                       refuse_java_client_settings, retrying)
-
 from oncekit.connectors.kafka_admin import check_access
 from oncekit.connectors.redact import redact_config
 from oncekit.core.errors import ConfigError, DataLossError, SourceReadError
