@@ -158,7 +158,7 @@ def _add_pipeline_commands(commands: Any) -> None:
                               help="seconds to wait for the running job to stop with it (default %(default)s)")
         elif action in ("restore", "delete"):
             each.add_argument("name", help="savepoint name (oncekit savepoint list shows them)")
-        each.add_argument("--checkpoint-root", required=action in ("create", "restore"), metavar="ROOT",
+        each.add_argument("--checkpoint-root", required=action == "create", metavar="ROOT",
                           help="the job's checkpoint root, whose subfolders are its queries' checkpoints (a path or a "
                                f"URI, which every host of the job reaches); its savepoints live in ROOT/{SAVEPOINTS_FOLDER}")
         each.add_argument("--dir", help=f"where the savepoints live instead of ROOT/{SAVEPOINTS_FOLDER} (a path or a URI)")

@@ -94,9 +94,9 @@ def test_the_quickstart_job_submitted_from_the_wheel_restarts_in_place_stops_wit
                                               "spark.executor.memory 1g\n")
     env["SPARK_CONF_DIR"] = str(conf)
     on_this_cluster = {"/opt/job": str(job_env), "spark://master:7077": spark_cluster.url,
-                       "s3a://bucket/checkpoints": str(root), "kafka:9092": kafka.bootstrap_servers,
-                       "postgresql://...": shlex.quote(postgres_dsn)}
-    _, export, submit = console_commands("deploy-standalone", on_this_cluster)
+                       "s3a://bucket/checkpoints": str(root)}
+    _, export, submit = console_commands("deploy-standalone", {**on_this_cluster, "kafka:9092": kafka.bootstrap_servers,
+                                                               "postgresql://...": shlex.quote(postgres_dsn)})
     create, restore, submit_restored = console_commands("deploy-savepoint", on_this_cluster)
 
     def started(command: str, log: Path) -> subprocess.Popen[bytes]:

@@ -28,7 +28,7 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     (["savepoint", "create", "--checkpoint-root", "cp", "--state-partitions", "4"],
      "unrecognized arguments: --state-partitions"),
     (["savepoint", "create"], "the following arguments are required: --checkpoint-root"),
-    (["savepoint", "restore"], "the following arguments are required: name, --checkpoint-root, --into"),
+    (["savepoint", "restore"], "the following arguments are required: name, --into"),
     (["run"], "the following arguments are required: job"),
 ])
 def test_conflicting_or_missing_flags_are_refused(argv: list[str], refused: str,
