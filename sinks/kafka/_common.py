@@ -22,7 +22,7 @@ import logging
 import operator
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -63,6 +63,12 @@ _PURGED = (KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT)
 # expected (another worker's producer of the same transactional id took over, and the task starts
 # over with a fresh one), so those lines go to DEBUG; everything else stays.
 _CLIENT_LOG = client_log(__name__ + ".librdkafka", demote=lambda message: "fenced" in message.lower())
+
+
+def unwritten_columns(columns: Sequence[str]) -> list[str]:
+    """The columns of Spark's Kafka sink among ``columns`` that the kit's Kafka sinks do not
+    write (their topic is the sink's; partitions follow the key; headers are not sent)."""
+    return [name for name in ("topic", "partition", "headers") if name in columns]
 
 
 class SinkProducer:
@@ -112,6 +118,11 @@ class KafkaSinkBase:
         """Driver, at query start: the topic exists (or is created), the marker topic too
         (:meth:`MarkerLog.prepare`), and the transaction timeout fits under the broker's maximum."""
         kafka = self.config.kafka
+        unwritten = unwritten_columns(self.config.columns)
+        if unwritten:
+            logger.warning("%s sink %s: the stream's columns %s are not written: the sink writes key and value into "
+                           "topic %s, partitioned by the key (Spark's Kafka sink would use them)", FORMAT, self.sink_id,
+                           ", ".join(unwritten), self.config.topic)
         check_access(kafka)  # a refused password or certificate fails here, at once and by name
         create_topic(kafka, self.config.topic, partitions=self.config.partitions)
         if self.config.dead_letter_topic:

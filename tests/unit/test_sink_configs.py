@@ -39,3 +39,11 @@ def test_sink_configs_round_trip_through_spark_options() -> None:
 
 def test_kafka_sink_config_repr_hides_sasl_password() -> None:
     assert "s3cr3t" not in repr(kafka_sink("b:1", "t", client={"sasl.password": "s3cr3t"}))
+
+
+def test_the_kafka_sink_names_the_columns_of_sparks_kafka_sink_it_does_not_write() -> None:
+    from oncekit.sinks.kafka._common import unwritten_columns
+
+    assert unwritten_columns(("key", "value", "topic", "partition", "offset", "headers")) == ["topic", "partition",
+                                                                                              "headers"]
+    assert unwritten_columns(("key", "value")) == []
