@@ -193,3 +193,19 @@ def test_every_message_the_troubleshooting_page_quotes_is_one_the_kit_says() -> 
     missing = [quote for quote in quotes
                if not all(piece.strip() in source for piece in quote.split("...") if piece.strip())]
     assert missing == []
+
+
+def test_no_user_page_cites_a_test_file_or_a_profilers_samples() -> None:
+    """The user's pages say what the kit does; which test shows it and what a profiler counted
+    belong on the Design and Benchmarks pages (the engineering log)."""
+    engineering = {"design.md", "benchmarks.md"}
+    found = []
+    for page in [*sorted(DOCS.glob("*.md")), DOCS.parent / "README.md"]:
+        if page.name in engineering:
+            continue
+        for number, line in enumerate(page.read_text().splitlines(), 1):
+            if line.startswith("```{literalinclude}"):
+                continue  # an example shown, not a test cited
+            if re.search(r"tests/\S+\.py|test_\w+\.py|py-spy samples|\d samples per", line):
+                found.append(f"{page.name}:{number}: {line.strip()}")
+    assert found == []
