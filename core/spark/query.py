@@ -47,7 +47,11 @@ LAST_NOTIFICATION_WAIT_S = 60.0  # the listener's commit of the last batches; th
 BATCH_TIMEOUT_CONF = "spark.oncekit.batchTimeoutSeconds"
 """The session setting that gives every query started from it its batch deadline (seconds)."""
 DEFAULT_BATCH_TIMEOUT_S = 300.0
+"""A batch's deadline where neither the query nor the session gives one: at least this many seconds."""
 DEFAULT_BATCH_TIMEOUT_TRIGGERS = 10
+"""... or this many trigger intervals, whichever is longer."""
+
+
 def refuse_speculation(spark: SparkSession, sink: SinkConfig) -> None:
     """Called by :func:`start_query`: with ``spark.speculation`` a second attempt of a task runs
     beside the first, and a two-phase-commit attempt aborts what an earlier attempt of its
