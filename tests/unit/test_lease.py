@@ -7,6 +7,7 @@ import os
 import re
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,14 @@ from oncekit.core.lease import (
     wait_free,
 )
 from oncekit.core.protocol import SinkOwner
+
+
+def eventually(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    """Wait until ``condition()`` (a keeper's thread acted), failing after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "the keeper did not act within 10 s"
+        time.sleep(0.02)
 
 
 def _write(checkpoint: Path, **lease: object) -> None:
@@ -79,17 +88,19 @@ def test_a_keeper_renews_until_released_and_never_overwrites_another_drivers_lea
     kept = LeaseKeeper(str(tmp_path))
     kept.hold("run-1")
     first = QueryLease(str(tmp_path)).recorded()
-    time.sleep(0.3)
-    renewed = QueryLease(str(tmp_path)).recorded()
-    assert first is not None and renewed is not None and renewed.renewed_at > first.renewed_at and renewed.is_mine
+    assert first is not None
+    # The keeper's thread renews every 0.05 s; on a loaded machine it may be late, so each check
+    # waits for its condition (at most 10 s) instead of sleeping a fixed time.
+    eventually(lambda: (renewed := QueryLease(str(tmp_path)).recorded()) is not None
+               and renewed.renewed_at > first.renewed_at and renewed.is_mine)
     kept.idle()  # the query failed: the lease is kept for its restart
     time.sleep(0.2)
     assert QueryLease(str(tmp_path)).holder() is not None
     kept.hold("run-2")  # restarted in place
     assert QueryLease(str(tmp_path)).recorded().run == "run-2"  # type: ignore[union-attr]
     _write(tmp_path, host="other-host", pid=1, process="x", renewed_at=time.time() - 3 * EXPIRES_S, run="standby")
-    time.sleep(0.3)
-    assert kept.taken_by() is not None and "other-host" in kept.taken_by()  # type: ignore[operator]
+    eventually(lambda: kept.taken_by() is not None)
+    assert "other-host" in kept.taken_by()  # type: ignore[operator]
     assert QueryLease(str(tmp_path)).recorded().run == "standby"  # type: ignore[union-attr]  # not overwritten
     kept.release()
     assert QueryLease(str(tmp_path)).recorded().run == "standby"  # type: ignore[union-attr]  # not ours to delete
@@ -258,14 +269,13 @@ def test_a_keeper_that_saw_another_runs_lease_renews_again_once_the_lease_is_its
     kept = LeaseKeeper(str(tmp_path))
     kept.hold("mine")
     _write(tmp_path, host="other-host", pid=1, process="x", renewed_at=time.time(), run="theirs")
-    time.sleep(0.3)
+    eventually(lambda: kept.taken_by() is not None)  # the keeper saw the other run's record
     QueryLease(str(tmp_path)).renew("mine")  # this run won: the lease is its run's again
     written = QueryLease(str(tmp_path)).recorded()
-    time.sleep(0.5)
-    renewed = QueryLease(str(tmp_path)).recorded()
+    assert written is not None
+    eventually(lambda: (renewed := QueryLease(str(tmp_path)).recorded()) is not None and renewed.run == "mine"
+               and renewed.renewed_at > written.renewed_at)  # the keeper renews again
     kept.release()
-    assert written is not None and renewed is not None and renewed.run == "mine"
-    assert renewed.renewed_at > written.renewed_at, "the keeper stopped renewing for good"
 
 
 def test_a_failed_warm_up_does_not_end_a_waiting_standby(tmp_path: Path) -> None:
