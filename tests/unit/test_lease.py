@@ -340,3 +340,21 @@ def test_a_query_stopped_with_a_savepoint_keeps_its_standby_waiting_until_a_driv
     wait_free([checkpoint], poll_s=0.05, announce=told.append, every=(0.1, later))
     assert len(told) == 2 and "is run by driver pid 2 on host-b" in told[1], told
     assert time.monotonic() - started < 10
+
+
+
+def test_a_running_keeper_takes_its_lease_back_from_an_older_drivers_late_stop_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A superseded driver that read its own lease, paused, and then stopped with a savepoint
+    writes its stop record over the newer run's lease. The newer run's keeper must put its own
+    record back, not stand aside for a run that no longer runs."""
+    from oncekit.core.lease import Lease
+
+    monkeypatch.setattr("oncekit.core.lease.RENEW_S", 0.05)
+    kept = LeaseKeeper(str(tmp_path))
+    kept.hold("newer")
+    QueryLease(str(tmp_path)).write(Lease("old-host", 7, "old", time.time(), "older", stopped_with="savepoint s1"))
+    eventually(lambda: (found := QueryLease(str(tmp_path)).recorded()) is not None and found.run == "newer")
+    assert kept.taken_by() is None
+    kept.release()
