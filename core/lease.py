@@ -310,7 +310,8 @@ class LeaseKeeper:
                 logger.info("lease of %s: this driver's run %s holds it again", self.checkpoint, self.run)
             self._taken = None
             self.lease.renew(self.run, self.epoch, self.driver)
-        elif found is None or (self.epoch and found.epoch < self.epoch):
+        elif found is None or found.stopped_with or (self.epoch and found.epoch < self.epoch):
+            # no record, one a stopped run left (a superseded driver's late release), or a lower epoch's
             self.lease.renew(self.run, self.epoch, self.driver)
         else:
             if self._taken is None:
