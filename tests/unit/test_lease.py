@@ -98,7 +98,11 @@ def test_a_keeper_renews_until_released_and_never_overwrites_another_drivers_lea
     assert QueryLease(str(tmp_path)).holder() is not None
     kept.hold("run-2")  # restarted in place
     assert QueryLease(str(tmp_path)).recorded().run == "run-2"  # type: ignore[union-attr]
-    _write(tmp_path, host="other-host", pid=1, process="x", renewed_at=time.time() - 3 * EXPIRES_S, run="standby")
+    # Another driver writes between two renewals (under the keeper's lock): a write landing between a
+    # renewal's read and its write is overwritten, which the lease allows (it only decides who runs;
+    # the targets' epochs fence what is written, and a standby puts its higher epoch's record back).
+    with kept._lock:
+        _write(tmp_path, host="other-host", pid=1, process="x", renewed_at=time.time() - 3 * EXPIRES_S, run="standby")
     eventually(lambda: kept.taken_by() is not None)
     assert "other-host" in kept.taken_by()  # type: ignore[operator]
     assert QueryLease(str(tmp_path)).recorded().run == "standby"  # type: ignore[union-attr]  # not overwritten
@@ -268,7 +272,8 @@ def test_a_keeper_that_saw_another_runs_lease_renews_again_once_the_lease_is_its
     monkeypatch.setattr("oncekit.core.lease.RENEW_S", 0.05)
     kept = LeaseKeeper(str(tmp_path))
     kept.hold("mine")
-    _write(tmp_path, host="other-host", pid=1, process="x", renewed_at=time.time(), run="theirs")
+    with kept._lock:  # between two renewals, as in the test above
+        _write(tmp_path, host="other-host", pid=1, process="x", renewed_at=time.time(), run="theirs")
     eventually(lambda: kept.taken_by() is not None)  # the keeper saw the other run's record
     QueryLease(str(tmp_path)).renew("mine")  # this run won: the lease is its run's again
     written = QueryLease(str(tmp_path)).recorded()
