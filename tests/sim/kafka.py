@@ -17,6 +17,7 @@ network faults are not modelled.
 from __future__ import annotations
 
 import zlib
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -229,36 +230,43 @@ class Consumer:
         self.cluster = cluster
         self.read_committed = settings.get("isolation.level", "read_committed") == "read_committed"
         self.position: tuple[str, int, int] | None = None
+        self.fetched: deque[_Message] = deque()  # what the last fetch returned, not yet polled
 
     def get_watermark_offsets(self, partition: TopicPartition, timeout: float | None = None,
                               cached: bool = False) -> tuple[int, int]:
-        self.cluster.step(lambda: f"watermarks {partition.topic}[{partition.partition}]")
+        if not cached:  # the cached ones are what the last fetch told the client: no broker is asked
+            self.cluster.step(lambda: f"watermarks {partition.topic}[{partition.partition}]")
         return 0, len(self.cluster.topics[partition.topic][partition.partition])
 
     def assign(self, partitions: list[TopicPartition]) -> None:
         (found,) = partitions
         self.position = (found.topic, found.partition, max(0, found.offset))
+        self.fetched.clear()
 
     def unassign(self) -> None:
         self.position = None
+        self.fetched.clear()
 
     def poll(self, timeout: float | None = None) -> _Message | None:
+        """The next fetched record; when none is left, one fetch (a step): every committed
+        record from the position up to the stable offset (the whole end, read_uncommitted),
+        then the end of the partition. librdkafka fetches ahead in the same way, and a poll
+        of a record already fetched talks to no broker: nothing can come between the two."""
         assert self.position is not None
-        topic, partition, offset = self.position
-        self.cluster.step(lambda: f"poll {topic}[{partition}] at {offset}")
-        log = self.cluster.topics[topic][partition]
-        end = self.cluster.stable(topic, partition) if self.read_committed else len(log)
-        while offset < end and log[offset].state != "committed":
-            offset += 1
-        if offset >= end:
-            self.position = (topic, partition, offset)
-            return _Message(topic, partition, end, _error=KafkaError(KafkaError._PARTITION_EOF))
-        record = log[offset]
-        self.position = (topic, partition, offset + 1)
-        return _Message(topic, partition, offset, record.key, record.value)
+        if not self.fetched:
+            topic, partition, offset = self.position
+            self.cluster.step(lambda: f"fetch {topic}[{partition}] from {offset}")
+            log = self.cluster.topics[topic][partition]
+            end = self.cluster.stable(topic, partition) if self.read_committed else len(log)
+            self.fetched.extend(_Message(topic, partition, at, log[at].key, log[at].value)
+                                for at in range(offset, end) if log[at].state == "committed")
+            self.fetched.append(_Message(topic, partition, end, _error=KafkaError(KafkaError._PARTITION_EOF)))
+            self.position = (topic, partition, max(offset, end))
+        return self.fetched.popleft()
 
     def close(self) -> None:
         self.position = None
+        self.fetched.clear()
 
     def list_topics(self, topic: str | None = None, timeout: float = -1) -> Any:
         return _metadata(self.cluster, topic)
