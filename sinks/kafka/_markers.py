@@ -65,6 +65,9 @@ READ_S = 30.0
 SETTLE_S = 2.0
 """How long a read with a pooled producer waits for the marker partition to settle before the
 caller starts over with a new producer."""
+UNSETTLED_POLL_MAX_S = 0.5
+"""The longest pause between two reads of a marker partition that holds an undecided
+transaction (the pauses double from 0.05 s up to this)."""
 
 TOPIC_CONFIG = {"cleanup.policy": "compact", "segment.bytes": str(16 * 1024 * 1024)}
 """The marker topic's settings: compacted, so the latest marker of each writer is kept for ever;
@@ -336,7 +339,7 @@ class MarkerLog:
         leader or a restarting broker answers until :data:`READ_S` passed."""
         start = clock.monotonic()
         deadline = start + READ_S
-        attempts = itertools.count()
+        attempts, unsettled = itertools.count(), itertools.count()
         while True:
             try:
                 with CLIENTS.borrowed((*self._client_key, "markers"), self._consumer) as consumer:
@@ -348,7 +351,9 @@ class MarkerLog:
                     raise UnsettledMarkerError(
                         f"{where}: {self.topic}[{partition}] still holds an undecided transaction of this writer "
                         f"after {settle_s:.0f} s")
-                clock.sleep(0.05)
+                # Soon after a fence the transaction is decided at once; one left open by a dead
+                # producer waits for its timeout (a minute by default): ask less often meanwhile.
+                clock.sleep(min(UNSETTLED_POLL_MAX_S, 0.05 * 2 ** min(next(unsettled), 4)))
             except KafkaException as exc:
                 # An unknown partition (in RETRIABLE): the topic grew since this consumer's
                 # metadata; the pool closed that consumer, and the next one asks afresh.
