@@ -56,7 +56,12 @@ PROTOCOLS = ("postgres-two-phase-commit", "postgres-write-ahead-log", "postgres-
 """Every exactly-once protocol of the kit, and a fan-out of one query into a PostgreSQL table by
 two-phase commit and a Kafka topic by write-ahead log."""
 POLL_S = 0.5
-"""How often a standby looks at the lease, and the listener at Spark's commit log."""
+"""How soon the listener tries a failed notification again."""
+STANDBY_POLL_S = 1.5
+"""How often a waiting standby looks at the lease. The kit's looks every 0.05 s; what the
+simulation explores is where a look falls among the lease's writes (its read and its own write
+are separate steps whatever the interval), and a look per keeper renewal keeps a schedule's
+steps for the protocols rather than for waiting."""
 TASK_ATTEMPTS = 4
 RESTART_S = 1.0
 SUPERVISOR_S = 5.0
@@ -187,7 +192,7 @@ class World:
         keeper.world, keeper.sim_driver = self, driver
         while not self.finished:
             if driver.standby:
-                wait_free([self.checkpoint], poll_s=POLL_S, driver=driver.identity)
+                wait_free([self.checkpoint], poll_s=STANDBY_POLL_S, driver=driver.identity)
                 if self.finished:
                     return
             token = uuid.uuid4().hex[:8]
