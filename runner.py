@@ -31,15 +31,19 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from oncekit.connectors.kafka import KafkaConfig, clusters_read
 from oncekit.core import savepoint as savepoints
 from oncekit.core.errors import ConfigError
+from oncekit.core.protocol import SinkConfig
 from oncekit.core.restart import RestartStrategy, strategy_from_config, supervise
 from oncekit.core.spark.query import OncekitQuery
 from oncekit.core.spark.session import spark_session
 from oncekit.core.savepoint import identify
 from oncekit.core.savepoint_stop import StopRequests
 from oncekit.core.spark.standby import serve_as_standby
-from oncekit.sources.kafka import WARM_UP_MODULES, analyze_for_warm_up
+from oncekit.sinks.kafka.config import KafkaSinkConfig
+from oncekit.sinks.postgres.config import PostgresSinkConfig
+from oncekit.sources.warm_up import WARM_UP_MODULES, analyze_for_warm_up
 
 logger = logging.getLogger(__name__)
 
@@ -144,7 +148,6 @@ def status_page(port: int, host: str = "127.0.0.1") -> Callable[[list[OncekitQue
     started (kept across restarts; the [status] extra)."""
     try:
         from oncekit.status.collector import Watched
-        from oncekit.connectors.services import service_addresses
         from oncekit.status.command import protocols_of, start_page
     except ImportError as exc:
         raise ConfigError(f"oncekit run --ui: the status page needs the [status] extra (pip install 'oncekit[status]'): "
@@ -155,11 +158,26 @@ def status_page(port: int, host: str = "127.0.0.1") -> Callable[[list[OncekitQue
         if started:
             return
         watched = [Watched(_name(q.checkpoint), q.checkpoint, protocols_of(q.sink)) for q in queries]
-        page = start_page(watched, port, *service_addresses(None, None), host=host)
+        page = start_page(watched, port, *services_of([q.sink for q in queries]), host=host)
         started.append(page)
         print(f"status page: {page.url} (metrics at {page.url}metrics)", flush=True)
 
     return serve
+
+
+def services_of(sinks: Sequence[SinkConfig]) -> tuple[KafkaConfig | None, str]:
+    """The Kafka cluster and PostgreSQL database a job's status page asks (the runners' ``--ui``):
+    the cluster the job's kit sources read from, else its Kafka sinks' (client settings
+    included); its PostgreSQL sinks' database; else each from :func:`~oncekit.connectors.services.service_addresses`
+    (the environment, or the services ``oncekit services up`` started)."""
+    from oncekit.connectors.services import service_addresses
+
+    flat = [config for sink in sinks for config in (*getattr(sink, "targets", {}).values(), sink)]
+    kafka = next(iter(clusters_read()), None) or next(
+        (KafkaConfig(c.bootstrap_servers, c.client) for c in flat if isinstance(c, KafkaSinkConfig)), None)
+    dsn = next((c.dsn for c in flat if isinstance(c, PostgresSinkConfig)), "")
+    bootstrap, dsn = service_addresses(None if kafka is None else kafka.bootstrap_servers, dsn or None)
+    return kafka or (KafkaConfig(bootstrap) if bootstrap else None), dsn
 
 
 def run_job(job: str, restart: str = DEFAULT_RESTART, standby: Sequence[str] = (), app_name: str = "oncekit-job",

@@ -335,3 +335,25 @@ class KafkaConfig:
         """Settings for a consumer that reads records in bulk (the source's readers, output
         checks): :data:`READ_AHEAD` under :meth:`settings`, so a user's own fetch settings win."""
         return {**READ_AHEAD, **self.settings(**extra)}
+
+
+def security_settings(options: Mapping[str, Any], prefix: str = "kafka.") -> dict[str, Any]:
+    """The settings among ``options`` (named with ``prefix``, as Spark's Kafka options are) that
+    say how to reach and log in to a cluster (``security.*``, ``sasl.*``, ``ssl.*``), unprefixed."""
+    wanted = tuple(f"{prefix}{group}." for group in ("security", "sasl", "ssl"))
+    return {key[len(prefix):]: value for key, value in options.items() if key.startswith(wanted)}
+
+
+_clusters_read: dict[str, KafkaConfig] = {}
+
+
+def remember_cluster_read(config: KafkaConfig) -> None:
+    """Called by :func:`~oncekit.sources.kafka.kafka_stream` (on the driver, or the Spark Connect
+    client): this process reads from ``config``'s cluster."""
+    _clusters_read[config.bootstrap_servers] = config
+
+
+def clusters_read() -> list[KafkaConfig]:
+    """The Kafka clusters this process's kafka_stream calls read from, first first: the status
+    page of ``oncekit run --ui`` asks the first for the input's end offsets."""
+    return list(_clusters_read.values())

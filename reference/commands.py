@@ -27,7 +27,7 @@ from oncekit.core.spark.standby import stand_by
 from oncekit.reference import generator
 from oncekit.reference.config import load_with_services
 from oncekit.reference.pipeline import QUERIES, WARM_UP_MODULES, ReferencePipeline
-from oncekit.sources.kafka import analyze_for_warm_up
+from oncekit.sources.warm_up import analyze_for_warm_up
 
 if TYPE_CHECKING:
     from oncekit.status.app import StatusServer

@@ -51,8 +51,9 @@ from oncekit.reference.config import PipelineConfig, RunConfig
 from oncekit.reference.stages import made_up_payments, parse, process, route
 from oncekit.sinks.kafka import kafka_sink
 from oncekit.sinks.postgres import postgres_sink
-from oncekit.sources.kafka import WARM_UP_MODULES as SOURCE_AND_SINK_MODULES
-from oncekit.sources.kafka import analyze_for_warm_up, kafka_stream
+from oncekit.sources.kafka import kafka_stream
+from oncekit.sources.warm_up import WARM_UP_MODULES as SOURCE_AND_SINK_MODULES
+from oncekit.sources.warm_up import analyze_for_warm_up
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -128,6 +129,13 @@ class ReferencePipeline:
         tables made, the targets and the sink id checked), so that a wrong setting fails here,
         before Spark starts the query, and the query's own preflight finds all in place. Needs
         the services, not Spark: the demo runs it while Spark starts."""
+        self.create_topics_and_tables()
+        for name in QUERIES:
+            CheckpointEngine.of(self.sink(), f"{self.checkpoint}/{name}").preflight()
+
+    def create_topics_and_tables(self) -> None:
+        """The topics and tables of :meth:`prepare` (existing ones are kept), without the kit's
+        preflight: also the set-up of the benchmark's plain-PySpark peer of this pipeline."""
         kafka = KafkaConfig(self.bootstrap)
         topics = self.config.topics
         create_topic(kafka, topics.payments, partitions=topics.partitions)
@@ -146,8 +154,6 @@ class ReferencePipeline:
             for table, columns in ddl.items():
                 conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} ({})").format(
                     sql.Identifier(*table.split(".", 1)), sql.SQL(columns)))
-        for name in QUERIES:
-            CheckpointEngine.of(self.sink(), f"{self.checkpoint}/{name}").preflight()
 
     # -- the queries ---------------------------------------------------------------------------
 

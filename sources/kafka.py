@@ -26,10 +26,12 @@ import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from oncekit.connectors.kafka import (CLIENTS, READ_AHEAD, RECONNECT, KafkaConfig, attempt_timeout,
-                                      refuse_java_client_settings, retrying)
+                                      refuse_java_client_settings, remember_cluster_read, retrying,
+                                      security_settings)
 from oncekit.connectors.kafka_admin import check_access
 from oncekit.connectors.redact import redact_config
 from oncekit.core.errors import ConfigError, DataLossError, SourceReadError
+from oncekit.sources.warm_up import WARM_UP_SERVERS
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -139,8 +141,7 @@ class KafkaSourceOptions:
 
     @property
     def pool_key(self) -> tuple[str, ...]:
-        """What makes this source's consumers interchangeable in the process's pool
-        (:data:`~oncekit.connectors.kafka.CLIENTS`): the client settings."""
+        """What makes this source's consumers interchangeable in the process's pool: the settings."""
         return ("source", *(f"{key}={value}" for key, value in sorted(self.client.items())))
 
     def borrowed_consumer(self) -> AbstractContextManager[Consumer]:
@@ -334,9 +335,8 @@ def check_partitions(options: KafkaSourceOptions, start: Offsets, marks: Mapping
     lost = "; ".join(f"topic {topic} has {now[topic]} partitions, the checkpoint read from partitions "
                      f"{', '.join(str(p) for t, p in gone if t == topic)} beyond them" for topic in topics)
     if options.fail_on_data_loss:
-        raise DataLossError(f"{FORMAT}: {lost}. Fewer partitions than the checkpoint knows cannot continue "
-                            f"exactly once; restore into a topic with at least as many partitions, or start "
-                            f"a new checkpoint (failOnDataLoss=false skips them)")
+        raise DataLossError(f"{FORMAT}: {lost}. Fewer partitions than the checkpoint knows cannot continue exactly once; "
+                            f"restore into a topic with as many partitions, or a new checkpoint (failOnDataLoss=false skips them)")
     logger.warning("%s: %s; skipped", FORMAT, lost)
 
 
@@ -358,14 +358,13 @@ def kafka_stream(
     """The typed builder: a streaming DataFrame over ``topics``.
 
     ``connector`` says who reads: ``"oncekit"``, this module's source (registered first), or
-    ``"spark"``, Spark's own Kafka source (``format("kafka")``, the JVM connector
-    ``org.apache.spark:spark-sql-kafka-0-10_2.13`` of the job's Spark version, which the job puts
-    on its classpath with ``--packages`` or ``spark.jars.packages``), reading with
-    ``kafka.isolation.level=read_committed`` unless ``options`` say otherwise. Both give the same
-    columns and keep their offset ranges in Spark's checkpoint; Spark's reads without a Python
-    worker. Spark's may give a topic-partition to another task when it plans a batch again after
-    a restart, so :func:`~oncekit.core.spark.query.start_query` refuses it in front of a sink
-    that commits per task (the Kafka ``transactional`` protocol).
+    ``"spark"``, Spark's own Kafka source (``format("kafka")``, :data:`SPARK_CONNECTOR_PACKAGE` of
+    the job's Spark version on its classpath: ``--packages`` or ``spark.jars.packages``), reading
+    with ``kafka.isolation.level=read_committed`` unless ``options`` say otherwise. Both keep
+    their offset ranges in Spark's checkpoint; Spark's reads without a Python worker, and may give
+    a topic-partition to another task when it plans a batch again after a restart, so
+    :func:`~oncekit.core.spark.query.start_query` refuses it in front of a sink that commits per
+    task (the Kafka ``transactional`` protocol).
 
     :param spark: the job's session.
     :param bootstrap_servers: the brokers, ``host:port[,host:port...]``.
@@ -391,6 +390,8 @@ def kafka_stream(
         raise ConfigError("kafka_stream: give the topics, or subscribePattern='<regex>' as an option, not both")
     if connector == "oncekit":
         register(spark)
+        if bootstrap_servers != WARM_UP_SERVERS:  # the cluster the job's status page asks (oncekit run --ui)
+            remember_cluster_read(KafkaConfig(bootstrap_servers, security_settings(options)))
     else:
         options = {"kafka.isolation.level": "read_committed", **options}
     reader = (
@@ -437,14 +438,3 @@ def register(spark: SparkSession) -> None:
     from oncekit.sources._spark_kafka import KafkaDataSource
 
     register_data_source(spark, KafkaDataSource)
-
-
-WARM_UP_MODULES = ("oncekit.sinks.kafka", "oncekit.sinks.postgres", "oncekit.sources._spark_kafka")
-"""What a standby's warm-up imports in Spark's task workers for the kit's own sources and sinks
-(:func:`oncekit.core.spark.standby.stand_by`'s ``modules``)."""
-
-
-def analyze_for_warm_up(spark: Any) -> None:
-    """A standby's warm-up ``analyze``: a frame of this source, analyzed only (its schema needs no
-    broker), so Spark's Python data source planner processes start."""
-    kafka_stream(spark, "warm-up.invalid:9092", "warm-up")

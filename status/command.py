@@ -11,6 +11,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from oncekit.connectors.kafka import KafkaConfig
 from oncekit.connectors.services import service_addresses
 from oncekit.core.errors import ConfigError
 from oncekit.core.protocol import SinkConfig
@@ -41,10 +42,10 @@ def watched_from_flags(checkpoints: Sequence[str]) -> list[Watched]:
     return out
 
 
-def start_page(watched: Sequence[Watched], port: int, bootstrap: str | None, dsn: str | None,
+def start_page(watched: Sequence[Watched], port: int, kafka: KafkaConfig | None, dsn: str | None,
                thresholds: Thresholds | None = None, host: str = "127.0.0.1", refresh_s: float = 2.0) -> StatusServer:
     """Serve the page on a thread (the runners' ``--ui``); the caller stops the returned server."""
-    collector = StatusCollector(watched, thresholds, **collector_sources(bootstrap, dsn))
+    collector = StatusCollector(watched, thresholds, **collector_sources(kafka, dsn))
     return StatusServer(StatusService(collector, refresh_s), host, port).start()
 
 
@@ -55,7 +56,8 @@ def main(checkpoints: Sequence[str], port: int, host: str, bootstrap: str | None
     if not checkpoints:
         raise ConfigError("status: give at least one --checkpoint (a query's checkpoint location)")
     bootstrap, dsn = service_addresses(bootstrap, dsn)
-    collector = StatusCollector(watched_from_flags(checkpoints), thresholds, **collector_sources(bootstrap, dsn))
+    collector = StatusCollector(watched_from_flags(checkpoints), thresholds,
+                                **collector_sources(KafkaConfig(bootstrap) if bootstrap else None, dsn))
     service = StatusService(collector)
     if once:
         from oncekit.status import metrics
@@ -73,4 +75,4 @@ def for_runner(name: str, checkpoint: str, sink: SinkConfig, port: int, bootstra
                extra: Mapping[str, str] | None = None) -> StatusServer:
     """The page of one running query, its protocols known from its sink (the runners' ``--ui``)."""
     protocols = {**protocols_of(sink), **(extra or {})}
-    return start_page([Watched(name, checkpoint, protocols)], port, bootstrap, dsn)
+    return start_page([Watched(name, checkpoint, protocols)], port, KafkaConfig(bootstrap) if bootstrap else None, dsn)

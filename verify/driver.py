@@ -74,7 +74,7 @@ def main(spec_text: str) -> int:
     from oncekit.core.spark.query import BATCH_TIMEOUT_CONF
     from oncekit.core.spark.session import spark_session
     from oncekit.core.spark.standby import serve_as_standby
-    from oncekit.sources.kafka import WARM_UP_MODULES, analyze_for_warm_up
+    from oncekit.sources.warm_up import WARM_UP_MODULES, analyze_for_warm_up
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     spec = json.loads(spec_text)

@@ -105,7 +105,7 @@ def test_status_page_in_chromium_shows_progress_and_red_leftovers(
 
         collector = StatusCollector([Watched("pipeline", checkpoint, protocols_of(sink))],
                                     Thresholds(transaction_timeout_s=TIMEOUT_S),
-                                    **collector_sources(kafka.bootstrap_servers, postgres_dsn))
+                                    **collector_sources(kafka, postgres_dsn))
         server = StatusServer(StatusService(collector, refresh_s=1.0, kafka_transactions_every_s=5.0), port=0).start()
         cleanup.callback(server.stop)
         with sync_playwright() as playwright:

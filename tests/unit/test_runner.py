@@ -103,3 +103,30 @@ def test_a_job_run_from_its_own_file_restarts_as_oncekit_run_does(monkeypatch: p
     with pytest.raises(RestartsExhaustedError, match="job start: its function must return the queries it started"):
         oncekit.run(start, restart=oncekit.FixedDelay(attempts=2, delay_s=0))
     assert len(calls) == 3 and "job start failed (a transient failure); restart 1" in capsys.readouterr().out
+
+
+def test_the_jobs_status_page_asks_the_services_of_its_source_and_sinks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--ui`` finds Kafka and PostgreSQL in the job itself: the cluster its kit source reads
+    from (else its Kafka sink's, client settings kept), its PostgreSQL sink's database; the
+    environment only for what the job does not name."""
+    from oncekit import fan_out, kafka_sink, postgres_sink
+    from oncekit.connectors import kafka as kafka_connector
+    from oncekit.runner import services_of
+
+    monkeypatch.setattr(kafka_connector, "_clusters_read", {})
+    monkeypatch.setenv("ONCEKIT_KAFKA_BOOTSTRAP", "from-env:9092")
+    monkeypatch.setenv("ONCEKIT_POSTGRES_DSN", "postgresql://env@db/env")
+    secured = {"security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN", "sasl.username": "u", "sasl.password": "p"}
+    sink = fan_out({"table": postgres_sink("postgresql://u:p@db/jobs", "t"),
+                    "topic": kafka_sink("sink-kafka:9092", "out", client=secured)})
+    kafka, dsn = services_of([sink])
+    assert kafka is not None and (kafka.bootstrap_servers, dict(kafka.client)) == ("sink-kafka:9092", secured)
+    assert dsn == "postgresql://u:p@db/jobs"
+    kafka_connector.remember_cluster_read(kafka_connector.KafkaConfig("source-kafka:9092", {"security.protocol": "SSL"}))
+    kafka, _ = services_of([sink])
+    assert kafka is not None and kafka.bootstrap_servers == "source-kafka:9092" and kafka.client == {"security.protocol": "SSL"}
+    kafka, dsn = services_of([postgres_sink("postgresql://u:p@db/jobs", "t")])
+    assert kafka is not None and kafka.bootstrap_servers == "source-kafka:9092"
+    monkeypatch.setattr(kafka_connector, "_clusters_read", {})
+    kafka, dsn = services_of([postgres_sink("postgresql://u:p@db/jobs", "t")])
+    assert kafka is not None and kafka.bootstrap_servers == "from-env:9092" and dsn == "postgresql://u:p@db/jobs"
