@@ -103,7 +103,9 @@ def _as_binary(column: pa.Array, where: str, name: str, first_row: int) -> pa.Ar
     that holds a value of it (a column of nulls only is nulls)."""
     if pa.types.is_binary(column.type):
         return column
-    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type) or pa.types.is_large_binary(column.type):
+    if pa.types.is_string(column.type):
+        return column.view(pa.binary())  # the same buffers, read as bytes
+    if pa.types.is_large_string(column.type) or pa.types.is_large_binary(column.type):
         return column.cast(pa.binary())
     if column.null_count == len(column):
         return pa.nulls(len(column), pa.binary())

@@ -141,3 +141,10 @@ def test_an_input_cut_reaches_every_target_as_task_input_cut() -> None:
     with pytest.raises(OSError, match="Spark stopped the input"):
         sink(a=Watching("s-a"), b=Watching("s-b"), c=Watching("s-c")).write_partition(TASK, cut())
     assert len(seen) == 3 and all(isinstance(exc, TaskInputCutError) for exc in seen)
+
+
+def test_a_null_route_is_refused_as_naming_no_target() -> None:
+    targets = {route: Target(f"s-{route}") for route in ROUTES}
+    fanned = sink(**targets)
+    with pytest.raises(ConfigError, match=r"rows routed to \[None\]"):
+        fanned.write_partition(TASK, iter([batch(range(0, 2), ["a", None])]))
