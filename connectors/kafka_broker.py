@@ -14,6 +14,9 @@ KAFKA_VERSION = "4.2.1"
 
 CLUSTER_ID = "5L6g3nShT-eMCtK--X86sw"
 
+JVM_OPTIONS = ("KAFKA_HEAP_OPTS", "KAFKA_JVM_PERFORMANCE_OPTS")
+"""The environment variables that set a broker's JVM options, read as Kafka's own start scripts
+read them: the kit's brokers (containers and local processes) take them from the environment."""
 
 
 @dataclass(frozen=True)

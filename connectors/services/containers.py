@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from oncekit.connectors.services.base import KafkaCluster, KafkaService, PostgresService, Service, free_port, free_ports
-from oncekit.connectors.kafka_broker import CLUSTER_ID, KAFKA_VERSION, BrokerAddress, broker_properties
+from oncekit.connectors.kafka_broker import CLUSTER_ID, JVM_OPTIONS, KAFKA_VERSION, BrokerAddress, broker_properties
 from oncekit.connectors.postgres import MAX_PREPARED_TRANSACTIONS
 from oncekit.core.errors import ServiceError
 
@@ -188,6 +188,7 @@ class ContainerKafka(_ContainerService, KafkaService):
             for key, value in properties.items()
         }
         env["CLUSTER_ID"] = CLUSTER_ID
+        env.update({name: os.environ[name] for name in JVM_OPTIONS if name in os.environ})
         name = f"oncekit-kafka-{node.port}"
         container_id = _run(image or kafka_image(), name, env, {node.port: node.port}, None, network)
         logger.info("kafka: container %s, node %s at 127.0.0.1:%s", container_id[:12], node.node_id, node.port)

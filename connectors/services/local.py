@@ -176,7 +176,8 @@ class LocalKafka(_LocalService, KafkaService):
         classpath = f"{broker_libs()}/*"
         self._config = data_dir / "server.properties"
         log4j = _REPO_DOCKER / "kafka" / "log4j2.properties"
-        self._java = [java, "-Xmx512m", "-cp", classpath]
+        self._java = [java, *os.environ.get("KAFKA_HEAP_OPTS", "-Xmx512m").split(),
+                      *os.environ.get("KAFKA_JVM_PERFORMANCE_OPTS", "").split(), "-cp", classpath]
         if log4j.exists():
             self._java.insert(1, f"-Dlog4j2.configurationFile={log4j}")
         self._process = _Process([*self._java, "kafka.Kafka", str(self._config)], data_dir / "broker.log", pid)

@@ -7,7 +7,7 @@ conf=/opt/kafka/config/server.properties
 : > "$conf"
 env | while IFS='=' read -r name value; do
   case "$name" in
-    KAFKA_HEAP_OPTS|KAFKA_OPTS) ;;
+    KAFKA_HEAP_OPTS|KAFKA_JVM_PERFORMANCE_OPTS|KAFKA_OPTS) ;;
     KAFKA_*)
       key=$(printf '%s' "${name#KAFKA_}" | tr 'A-Z' 'a-z' | sed -e 's/___/-/g' -e 's/__/#/g' -e 's/_/./g' -e 's/#/_/g')
       printf '%s=%s\n' "$key" "$value" >> "$conf" ;;
@@ -20,5 +20,6 @@ if [ ! -f "$log_dir/meta.properties" ]; then
   java -cp "$cp_libs" kafka.tools.StorageTool format --ignore-formatted \
     -t "${CLUSTER_ID:-5L6g3nShT-eMCtK--X86sw}" -c "$conf"
 fi
-exec java ${KAFKA_HEAP_OPTS:--Xmx512m} -Dlog4j2.configurationFile=/opt/kafka/config/log4j2.properties \
+# KAFKA_HEAP_OPTS and KAFKA_JVM_PERFORMANCE_OPTS as Kafka's own start scripts read them.
+exec java ${KAFKA_HEAP_OPTS:--Xmx512m} ${KAFKA_JVM_PERFORMANCE_OPTS:-} -Dlog4j2.configurationFile=/opt/kafka/config/log4j2.properties \
   -cp "$cp_libs" kafka.Kafka "$conf"
