@@ -35,7 +35,8 @@ from confluent_kafka import Producer
 from benchmarks.cases import failure
 from benchmarks.data import committed_reader, records
 from benchmarks.latency import percentile
-from benchmarks.table import Row, Table
+from benchmarks.reference_peer import PeerPipeline
+from benchmarks.table import Ratio, Row, Table
 from oncekit.connectors import KafkaConfig
 from oncekit.core.spark.watchdog import progress_started
 from oncekit.reference import config as pipeline_config
@@ -56,6 +57,8 @@ DUPLICATES, LATE, MALFORMED = 0.01, 0.02, 0.005
 WARMUP_SEED, THROUGHPUT_SEED, LATENCY_SEED = 4, 5, 6
 TRIGGER_S = 1
 COLUMNS = ("events", "seconds", "events/s", "batch 1 s", "p50 ms", "p99 ms")
+PEER = "peer: "
+"""The case names' prefix of the plain-PySpark peer's rows (:mod:`benchmarks.reference_peer`)."""
 WAIT_S = 120.0  # how long output may take to become visible once input has stopped
 SETTLE_S = 15
 """Seconds of input at the latency row's rate, after the warm-up burst and before the measured
@@ -106,9 +109,9 @@ class Throughput:
     batches: list[tuple[int, float]]  # (input rows, seconds) per batch, from the query's progress
 
 
-def drain(spark: SparkSession, config: PipelineConfig, sent: int) -> Throughput:
+def drain(spark: SparkSession, config: PipelineConfig, sent: int, peer: bool = False) -> Throughput:
     with tempfile.TemporaryDirectory() as checkpoint:
-        pipeline = ReferencePipeline(config, checkpoint)
+        pipeline = PeerPipeline(config, checkpoint) if peer else ReferencePipeline(config, checkpoint)
         started = time.perf_counter()
         pipeline.run(spark, poll_s=0.05)
         seconds = time.perf_counter() - started
@@ -133,20 +136,26 @@ updates by write-ahead log instead of Kafka transactions; and that on Spark's ow
 from the protocol's."""
 
 
+def sustained_case(options: Options, variant: str = "", peer: bool = False) -> str:
+    return f"{PEER if peer else ''}sustained: availableNow, {options.per_batch:,} per batch{variant}"
+
+
 def throughput_rows(services: Services, options: Options, spark: SparkSession, count: int, seed: int,
-                    variant: str = "") -> list[Row]:
-    """The sustained case on ``count`` payment events in one of :data:`VARIANTS`: its row, and one
-    for the batches after the first when there are any."""
-    case = f"sustained: availableNow, {options.per_batch:,} per batch{variant}"
-    steady = "  the batches after batch 1"
+                    variant: str = "", peer: bool = False) -> list[Row]:
+    """The sustained case on ``count`` payment events in one of :data:`VARIANTS` (or the plain
+    PySpark peer's, :mod:`benchmarks.reference_peer`): its row, and one for the batches after the
+    first when there are any."""
+    case = sustained_case(options, variant, peer)
+    steady = f"  {PEER}the batches after batch 1" if peer else "  the batches after batch 1"
     try:
-        config = pipeline_for(services, options, "tput", **{"pipeline.trigger_s": 0}, **VARIANTS[variant])
-        ReferencePipeline(config).prepare()
+        config = pipeline_for(services, options, "peer" if peer else "tput", **{"pipeline.trigger_s": 0},
+                              **VARIANTS[variant])
+        (PeerPipeline(config) if peer else ReferencePipeline(config)).prepare()
         load = workload(count, seed)
         print(f"  {case}: producing {count:,} payment events", file=sys.stderr, flush=True)
         sent = produce(KafkaConfig(config.kafka_bootstrap()), config.topics.payments, load)
         print(f"  {case}: running the pipeline over {sent:,} records", file=sys.stderr, flush=True)
-        run = drain(spark, config, sent)
+        run = drain(spark, config, sent, peer)
         bad, got = verdict(expected(load, config.pipeline.allowed_lateness_s), config, run.seconds)
     except Exception as exc:  # the latency run still runs
         return [Row.failed(case, failure(exc))]
@@ -243,7 +252,8 @@ def produce_paced(producer: Any, topic: str, measured: list[Event], rate: int, p
     produced.seconds = time.monotonic() - started
 
 
-def wait_visible(reader: UpdateReader, pipeline: ReferencePipeline, counts: dict[int, int], timeout_s: float) -> None:
+def wait_visible(reader: UpdateReader, pipeline: ReferencePipeline | PeerPipeline, counts: dict[int, int],
+                 timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while not reader.reached(counts):
         for query in pipeline.active:
@@ -267,12 +277,17 @@ def latencies_ms(reader: UpdateReader, produced: Produced) -> list[float]:
     return out
 
 
-def latency_row(services: Services, options: Options, spark: SparkSession) -> Row:
+def latency_case(options: Options, peer: bool = False) -> str:
+    return (f"{PEER if peer else ''}latency: {options.reference_rate:,} events/s for {options.latency_s:.0f} s, "
+            f"processingTime {TRIGGER_S} s")
+
+
+def latency_row(services: Services, options: Options, spark: SparkSession, peer: bool = False) -> Row:
     rate, seconds = options.reference_rate, options.latency_s
-    case = f"latency: {rate:,} events/s for {seconds:.0f} s, processingTime {TRIGGER_S} s"
+    case = latency_case(options, peer)
     try:
-        config = pipeline_for(services, options, "latency", **{"pipeline.trigger_s": TRIGGER_S})
-        ReferencePipeline(config).prepare()
+        config = pipeline_for(services, options, "peerlat" if peer else "latency", **{"pipeline.trigger_s": TRIGGER_S})
+        (PeerPipeline(config) if peer else ReferencePipeline(config)).prepare()
         kafka = KafkaConfig(config.kafka_bootstrap())
         load = workload(options.warmup + int(rate * (SETTLE_S + seconds)), LATENCY_SEED)
         sent = list(events(load))
@@ -288,7 +303,7 @@ def latency_row(services: Services, options: Options, spark: SparkSession) -> Ro
         reader = UpdateReader(kafka, config.topics.balance_updates)
         producer = Producer(kafka.settings(linger_ms=5, enable_idempotence=True))
         with tempfile.TemporaryDirectory() as checkpoint:
-            pipeline = ReferencePipeline(config, checkpoint)
+            pipeline = PeerPipeline(config, checkpoint) if peer else ReferencePipeline(config, checkpoint)
             reader.start()
             try:
                 reader.ready.wait(60)
@@ -356,7 +371,11 @@ def reference_pipeline(services: Services, options: Options) -> Table:
     table = Table(
         f"5. Reference pipeline (reference/): payments over {ACCOUNTS:,} accounts ({DUPLICATES:.0%} upstream "
         f"duplicates, {LATE:.0%} late, {MALFORMED:.1%} malformed), {options.partitions} partitions",
-        COLUMNS, (), "",
+        COLUMNS, ("events/s", "batch 1 s", "p50 ms", "p99 ms"),
+        "above 1 is more events/s, a longer first batch or a longer latency than the same pipeline in plain PySpark",
+        ratios=[Ratio(sustained_case(options), sustained_case(options, peer=True)),
+                Ratio("  the batches after batch 1", f"  {PEER}the batches after batch 1"),
+                Ratio(latency_case(options), latency_case(options, peer=True))],
         notes=["One query: Kafka payments -> dedup (JVM) -> applyInPandasWithState by bucket of accounts -> fan-out "
                "to balances (PostgreSQL 2PC), balance updates (Kafka transactional), minute totals, late events and dead letters "
                "(PostgreSQL idempotent). Every run is checked line by line as `oncekit demo` checks its report.",
@@ -366,12 +385,19 @@ def reference_pipeline(services: Services, options: Options) -> Table:
                "too).",
                "Latency: produce to visible in the balance-updates topic (read_committed), per unique payment, "
                f"after a warm-up of {options.warmup:,} events and {SETTLE_S} s at the rate, untimed; seconds and "
-               "events/s are the producer's; batches are those of the measured part."])
+               "events/s are the producer's; batches are those of the measured part.",
+               f"The peer ({PEER.rstrip(': ')} rows): the same pipeline as a PySpark user writes it today, at-least-once: "
+               "Spark's Kafka source, the same stages, foreachBatch writing the tables with psycopg (COPY, then one "
+               "upsert per table and task) and the balance updates with Spark's Kafka sink; each peer run follows "
+               "the kit's, in the same session, and is checked as the kit's is."])
     if options.warmup:  # as every group: the case once on the warm-up's size, its rows dropped
         throughput_rows(services, options, spark, options.warmup, WARMUP_SEED)
     table.rows += throughput_rows(services, options, spark, options.records, THROUGHPUT_SEED)
+    sustained = table.rows[0]
+    table.rows += throughput_rows(services, options, spark, options.records, THROUGHPUT_SEED, peer=True)
     table.rows.append(latency_row(services, options, spark))
-    sustained, latency = table.rows[0], table.rows[-1]
+    latency = table.rows[-1]
+    table.rows.append(latency_row(services, options, spark, peer=True))
     for variant in list(VARIANTS)[1:]:
         table.rows += throughput_rows(services, options, spark, options.records, THROUGHPUT_SEED, variant)
     if sustained.ok and latency.ok and options.reference_rate > sustained.figures["events/s"]:

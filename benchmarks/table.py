@@ -65,7 +65,8 @@ class Table:
 
     def ratio(self, ratio: Ratio, column: str) -> str:
         top, bottom = self.row(ratio.numerator), self.row(ratio.denominator)
-        if top is None or bottom is None or not top.ok or not bottom.ok or not bottom.figures[column]:
+        if (top is None or bottom is None or not top.ok or not bottom.ok or column not in top.figures
+                or not bottom.figures.get(column)):
             return "n/a"
         return f"{top.figures[column] / bottom.figures[column]:.2f}"
 
