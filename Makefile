@@ -73,10 +73,11 @@ pytest: install
 # standby campaigns for all three of their pipelines (the suite draws one each), the parts of a
 # campaign marked full_size and the larger fault lists of the others (tests/sizes.py), every
 # crash-point case with each source connector (the suite draws one per case), and the simulation of
-# overlapping drivers with 200,000 schedules per protocol and fan-out (1,200,000 in all). The seed
+# overlapping drivers with 200,000 schedules per protocol and fan-out (1,200,000 in all), and a
+# user's job on each older PySpark of the compatibility table (tests/eos/test_compat.py). The seed
 # is drawn and printed as in make test (ONCEKIT_VERIFY_SEED to repeat a run).
 CAMPAIGNS := tests/eos/test_verify_campaign.py tests/eos/test_soak.py tests/eos/test_standby.py tests/eos/test_kafka_cluster.py \
-	tests/eos/test_kafka_sinks.py tests/eos/test_postgres_sinks.py tests/sim/test_simulation.py
+	tests/eos/test_kafka_sinks.py tests/eos/test_postgres_sinks.py tests/sim/test_simulation.py tests/eos/test_compat.py
 
 test-long: install broker connector engine
 	. .oncekit/engine.env && ONCEKIT_TEST_BACKEND=$${ONCEKIT_TEST_BACKEND:-containers} ONCEKIT_VERIFY_FAULTS=100 \
