@@ -24,14 +24,14 @@ from typing import Any
 if "PYTEST_XDIST_WORKER" in os.environ or "ONCEKIT_CRASH_DIR" not in os.environ:
     os.environ["ONCEKIT_CRASH_DIR"] = tempfile.mkdtemp(prefix="oncekit-crash-")
 
-# The suite's Spark JVMs (its drivers, spark-submit's and the Connect server's) compile with C1
-# only and collect with one thread: each lives seconds to minutes, too short for C2's compiles to
-# pay back, and two test workers share two cores. The transactional Kafka sink's crash cases took
-# 164 CPU-s so against 196 with the JVM's defaults. A job of the user's keeps its own settings.
-os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
-# The suite's brokers likewise: a broker's start and 20 transactional topics took 9 CPU-s so, 17
-# with the JVM's defaults.
-os.environ.setdefault("KAFKA_JVM_PERFORMANCE_OPTS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+# The suite's JVMs (Spark's drivers, spark-submit's, the Connect server, a standalone master and
+# worker, the brokers) compile with C1 only and collect with one thread: each lives seconds to
+# minutes, too short for C2's compiles to pay back, and two test workers share two cores. The
+# transactional Kafka sink's crash cases took 164 CPU-s so against 196 with the JVM's defaults; a
+# broker's start and 20 transactional topics 9 against 17. A user's job keeps its own settings.
+SHORT_LIVED_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+for _variable in ("SPARK_SUBMIT_OPTS", "SPARK_DAEMON_JAVA_OPTS", "KAFKA_JVM_PERFORMANCE_OPTS"):
+    os.environ.setdefault(_variable, SHORT_LIVED_JVM)
 
 import pytest  # noqa: E402
 

@@ -122,22 +122,22 @@ def on_standalone_cluster(faults: list[Fault], name: str, services: Services, sp
 @pytest.mark.long(200)
 def test_user_pipeline_on_standalone_cluster(services: Services, spark_cluster: StandaloneCluster,
                                              campaign_tables: list[str]) -> None:
-    """What only a cluster does: a task crash is retried on the executor, a driver kill loses the
-    driver and its application, an executor killed -9 during a batch is replaced by the worker
-    and its tasks run again."""
-    on_standalone_cluster([Fault("crash", "task_after_pre_commit"), Fault("kill", delay_s=2.0),
-                           Fault("spark-executor-kill")],
+    """What only a cluster does: a driver kill loses the driver and its application, an executor
+    killed -9 during a batch is replaced by the worker and its tasks run again."""
+    on_standalone_cluster([Fault("kill", delay_s=2.0), Fault("spark-executor-kill")],
                           "user-pipeline-standalone-cluster", services, spark_cluster, campaign_tables)
 
 
 @pytest.mark.full_size
-@pytest.mark.long(150)
-def test_user_pipeline_on_standalone_cluster_driver_crashes(services: Services, spark_cluster: StandaloneCluster,
-                                                            campaign_tables: list[str]) -> None:
-    """A driver crash in its commit and after its journal restarts the query on the cluster (the
-    crash-point tests run both in local mode in ``make test``)."""
-    on_standalone_cluster([Fault("crash", "driver_after_journal"), Fault("crash", "mid_commit")],
-                          "user-pipeline-standalone-cluster-driver-crashes", services, spark_cluster, campaign_tables)
+@pytest.mark.long(200)
+def test_user_pipeline_on_standalone_cluster_crash_points(services: Services, spark_cluster: StandaloneCluster,
+                                                          campaign_tables: list[str]) -> None:
+    """A task crash is retried on the executor; a driver crash in its commit and after its journal
+    restarts the query on the cluster (the crash-point tests run all three in local mode in
+    ``make test``, and the spark-submit test a driver crash on this cluster)."""
+    on_standalone_cluster([Fault("crash", "task_after_pre_commit"), Fault("crash", "driver_after_journal"),
+                           Fault("crash", "mid_commit")],
+                          "user-pipeline-standalone-cluster-crash-points", services, spark_cluster, campaign_tables)
 
 
 # -- known-bad configurations: the checker must catch each --------------------------------------
