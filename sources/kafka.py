@@ -358,7 +358,7 @@ def kafka_stream(
     """The typed builder: a streaming DataFrame over ``topics``.
 
     ``connector`` says who reads: ``"oncekit"``, this module's source (registered first), or
-    ``"spark"``, Spark's own Kafka source (``format("kafka")``, :data:`SPARK_CONNECTOR_PACKAGE` of
+    ``"spark"``, Spark's own (``format("kafka")``; ``org.apache.spark:spark-sql-kafka-0-10_2.13`` of
     the job's Spark version on its classpath: ``--packages`` or ``spark.jars.packages``), reading
     with ``kafka.isolation.level=read_committed`` unless ``options`` say otherwise. Both keep
     their offset ranges in Spark's checkpoint; Spark's reads without a Python worker, and may give
