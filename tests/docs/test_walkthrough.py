@@ -70,6 +70,7 @@ def table_ids(dsn: str, table: str) -> list[str]:
         return [row[0] for row in conn.execute(f"SELECT event_id FROM {table}")]
 
 
+@pytest.mark.long(65)
 def test_getting_started_and_operations_commands_run_as_the_pages_show_them(
         kafka: KafkaConfig, postgres_dsn: str, unique_name: str, tmp_path: Path) -> None:
     topic, checkpoints = unique_name.replace("_", "-"), tmp_path / "checkpoints"

@@ -183,6 +183,7 @@ def test_output_topic_partitions_increased_mid_run_exactly_once(kafka: KafkaConf
     assert verdict.exactly_once, verdict.summary()
 
 
+@pytest.mark.long(90)
 def test_output_topic_deleted_mid_run_fails_naming_topic_then_restart_exactly_once(
         kafka: KafkaConfig, topic: str, tmp_path: Path) -> None:
     out = f"{topic}-out"

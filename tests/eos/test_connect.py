@@ -93,6 +93,7 @@ def setup(services: Services, kafka: KafkaConfig, topic: str, unique_name: str, 
                            services.postgres.dsn, trigger=TRIGGER, max_offsets_per_trigger=PER_TRIGGER)
 
 
+@pytest.mark.long(120)
 def test_client_killed_server_commits_within_one_trigger_a_new_client_attaches_and_survives_a_server_kill(
     services: Services, kafka: KafkaConfig, topic: str, unique_name: str, tmp_path: Path, crash_dir: Path,
     connect_server: ConnectServer,

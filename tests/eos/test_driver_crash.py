@@ -28,6 +28,7 @@ LAST_BATCH = 3
 
 # before_notify and mid_commit of every exactly-once sink also come up in the randomized
 # campaigns (tests/eos/test_verify_campaign.py); this pins the write-ahead log's on the last batch.
+@pytest.mark.long(65)
 @pytest.mark.parametrize(("sink", "point"), [("postgres-write-ahead-log", "mid_commit")])
 def test_driver_process_dies_before_last_commit_restart_commits_it_once(
     services: Services, kafka: KafkaConfig, topic: str, unique_name: str, tmp_path: Path, crash_dir: Path,

@@ -73,6 +73,7 @@ def test_campaign_one_broker_at_a_time_exactly_once(cluster: Services, campaign_
     assert [r.verdict for r in report.results] == ["exactly-once"] * len(faults), text
 
 
+@pytest.mark.long(55)
 def test_local_backend_three_brokers(unique_name: str) -> None:
     """The local backend's cluster: three broker JVMs on loopback, all in the metadata, a topic
     replicated on all three."""

@@ -47,6 +47,7 @@ def config_for(services: Services, name: str, path: Path | None = None, **overri
     return loaded.with_services(services.kafka.bootstrap_servers, services.postgres.dsn)
 
 
+@pytest.mark.long(80)
 def test_oncekit_demo_console_script_crashes_restarts_and_reports_exactly_once(
     services: Services, unique_name: str, tmp_path: Path,
 ) -> None:

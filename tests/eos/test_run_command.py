@@ -45,28 +45,37 @@ def start(spark):
 '''
 
 
-def test_oncekit_run_restarts_a_users_job_in_place_and_it_ends_exactly_once(
-    kafka: KafkaConfig, postgres_dsn: str, topic: str, unique_name: str, tmp_path: Path, crash_dir: Path,
-) -> None:
-    (tmp_path / "job.py").write_text(JOB)
+def restarts_in_place_exactly_once(oncekit: str, env: dict[str, str], kafka: KafkaConfig, postgres_dsn: str,
+                                   topic: str, table: str, work: Path, crash_dir: Path) -> None:
+    """:data:`JOB` in ``work`` run by ``oncekit run`` (the ``oncekit`` command given, with ``env``)
+    over 1,000 records, its driver commit crashed once: the restart strategy starts it again in
+    place, once, and the table holds every record once, nothing staged left."""
+    (work / "job.py").write_text(JOB)
     expected = produce_input(kafka, topic, 1_000)
-    prepare_target("postgres-write-ahead-log", kafka, postgres_dsn, unique_name)
-    checkpoint = tmp_path / "checkpoint"
-    env = {**os.environ, "JOB_BOOTSTRAP": kafka.bootstrap_servers, "JOB_TOPIC": topic, "JOB_DSN": postgres_dsn,
-           "JOB_TABLE": unique_name, "JOB_CHECKPOINT": str(checkpoint), "JOB_UNTIL": "drained",
-           "SPARK_MASTER": "local[2,4]"}
+    prepare_target("postgres-write-ahead-log", kafka, postgres_dsn, table)
+    checkpoint = work / "checkpoint"
+    env = {**env, "JOB_BOOTSTRAP": kafka.bootstrap_servers, "JOB_TOPIC": topic, "JOB_DSN": postgres_dsn,
+           "JOB_TABLE": table, "JOB_CHECKPOINT": str(checkpoint), "JOB_UNTIL": "drained", "SPARK_MASTER": "local[2,4]"}
     arm(crash_dir, "driver_after_journal", batch_id=2)
-    command = [ONCEKIT, "run", "job.py", "--restart", "fixed-delay:attempts=2,delay_s=1"]
-    out = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
+    command = [oncekit, "run", "job.py", "--restart", "fixed-delay:attempts=2,delay_s=1"]
+    out = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     assert fired(crash_dir) == ["driver_after_journal"]
     assert "job job.py finished (1 restarts)" in out.stdout, out.stdout
-    output = PipelineOutput("postgres", kafka, postgres_dsn, unique_name)
+    output = PipelineOutput("postgres", kafka, postgres_dsn, table)
     verdict = compare(expected, output.read())
     assert verdict.exactly_once, verdict.summary()
     assert output.left_open(str(checkpoint)) == []
 
 
+@pytest.mark.long(50)
+def test_oncekit_run_restarts_a_users_job_in_place_and_it_ends_exactly_once(
+    kafka: KafkaConfig, postgres_dsn: str, topic: str, unique_name: str, tmp_path: Path, crash_dir: Path,
+) -> None:
+    restarts_in_place_exactly_once(ONCEKIT, dict(os.environ), kafka, postgres_dsn, topic, unique_name, tmp_path, crash_dir)
+
+
+@pytest.mark.long(90)
 def test_oncekit_savepoint_stops_a_running_users_job_and_its_restore_ends_exactly_once_and_doctor_checks_it(
     kafka: KafkaConfig, postgres_dsn: str, topic: str, unique_name: str, tmp_path: Path,
 ) -> None:

@@ -397,6 +397,7 @@ def test_a_run_fenced_at_its_target_is_caught_on_the_driver_as_fenced_error(
     assert committed() <= taken + 1  # at most the batch in flight
 
 
+@pytest.mark.long(65)
 def test_a_second_driver_in_another_pid_namespace_with_the_same_host_name_does_not_run_beside_the_first(
     kafka: KafkaConfig, topic: str, tmp_path: Path, crash_dir: Path,
 ) -> None:

@@ -91,6 +91,7 @@ def test_fanout_campaign_one_query_two_sinks_each_exactly_once_and_live(services
     assert all(r.fired for r in report.results), text
 
 
+@pytest.mark.long(60)
 def test_oncekit_verify_as_a_new_user(tmp_path: Path) -> None:
     """``oncekit verify`` as a new user runs it from the verifying page (1 fault of its 20): it
     starts its own services, prints progress and the table, writes JSON; every verdict
@@ -154,6 +155,7 @@ def test_checker_catches_at_least_once_duplicates(services: Services, pipeline: 
     assert not report.passed, text
 
 
+@pytest.mark.long(80)
 def test_checker_catches_at_most_once_loss(services: Services, campaign_tables: list[str]) -> None:
     """A pipeline restarted without its checkpoint (from the latest offsets) skips what the
     killed driver had not written: loss, and no duplicate."""

@@ -124,6 +124,7 @@ def test_secured_doctor_passes(secured: Services, secrets: list[str], capsys: py
     assert_hidden(secrets, out)
 
 
+@pytest.mark.long(80)
 def test_secured_verify_postgres_crash_campaign_exactly_once(secured: Services, secrets: list[str],
                                                              campaign_tables: list[str]) -> None:
     """``oncekit verify``'s campaign on the secured services, with the PostgreSQL faults at the
