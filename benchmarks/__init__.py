@@ -14,7 +14,8 @@ the same run, on the same broker, topics and database, one case after the other:
    on three triggers vs Spark's JVM source and sink, Kafka Streams exactly_once_v2 and Flink
    exactly-once with 100 ms checkpoints.
 5. reference: the reference pipeline's sustained events/s (availableNow) and its produce-to-visible
-   latency at a fixed rate, each run checked line by line as ``oncekit demo`` checks its report.
+   latency at a fixed rate, each run checked line by line as ``oncekit demo`` checks its report,
+   beside the same pipeline as a PySpark user writes it today (``reference_peer``).
 6. state: RocksDB changelog checkpointing (the kit's default) vs a state snapshot per batch
    (Spark's default): state commit time per batch and checkpoint size of a dedup query.
 7. recovery: kill -9 of the driver of a Kafka -> Kafka query at a fixed input rate, ``--kills``
@@ -25,6 +26,8 @@ the same run, on the same broker, topics and database, one case after the other:
 8. fanout: one fan-out query writing every record to three targets (a topic, two tables) vs
    three queries side by side, one per target: throughput and the largest Python worker's
    resident memory.
+9. partitions: seconds per batch on inputs of 2, 32 and 128 partitions, each exactly-once
+   protocol against the kit's source into noop, and the kit's source against Spark's.
 
 Every output is read back (count and distinct keys) before its figure is printed; a failed run
 or check prints FAILED instead. Each table ends with ratios kit / peer.
@@ -33,6 +36,6 @@ Modules: ``environment`` (options, services, the Spark session with Spark's Kafk
 the inputs), ``data`` (producing input, reading outputs back), ``peers`` (the pipelines the kit
 is measured against), ``jvm`` (Kafka Streams and Flink, Java programs in benchmarks/jvm/),
 ``usage`` (the CPU and memory a case used), ``cases`` (groups 1-3 and 8), ``latency`` (group 4), ``reference`` (group 5), ``state`` (group 6),
-``recovery`` (group 7),
+``recovery`` (group 7), ``partitions`` (group 9),
 ``table`` (rows, checks, ratios).
 """

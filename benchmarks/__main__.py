@@ -14,6 +14,7 @@ from benchmarks.cases import fanout_group, kafka_group, postgres_group, source_g
 from benchmarks.environment import Bench, Options, bench
 from benchmarks.latency import latency_group
 from benchmarks.output import report_only
+from benchmarks.partitions import partitions_group
 from benchmarks.recovery import recovery_group
 from benchmarks.reference import reference_pipeline
 from benchmarks.state import state_group
@@ -28,6 +29,7 @@ GROUPS: dict[str, Callable[[Bench], Table]] = {
     "state": state_group,
     "recovery": recovery_group,
     "fanout": fanout_group,
+    "partitions": partitions_group,
 }
 
 

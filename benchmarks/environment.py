@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 ROOT = Path(__file__).resolve().parent.parent
 FETCH = ROOT / "docker" / "spark-kafka" / "fetch.sh"
 QUIX_VENV_PYTHON = ROOT / ".oncekit" / "quix-venv" / "bin" / "python"
-GROUPS = ("source", "kafka", "postgres", "latency", "reference", "state", "recovery", "fanout")
+GROUPS = ("source", "kafka", "postgres", "latency", "reference", "state", "recovery", "fanout", "partitions")
 
 
 def default_quix_python() -> str:
