@@ -42,7 +42,7 @@ def watched_from_flags(checkpoints: Sequence[str]) -> list[Watched]:
     return out
 
 
-def start_page(watched: Sequence[Watched], port: int, kafka: KafkaConfig | None, dsn: str | None,
+def start_page(watched: Sequence[Watched], port: int, kafka: KafkaConfig | str | None, dsn: str | None,
                thresholds: Thresholds | None = None, host: str = "127.0.0.1", refresh_s: float = 2.0) -> StatusServer:
     """Serve the page on a thread (the runners' ``--ui``); the caller stops the returned server."""
     collector = StatusCollector(watched, thresholds, **collector_sources(kafka, dsn))
@@ -56,8 +56,7 @@ def main(checkpoints: Sequence[str], port: int, host: str, bootstrap: str | None
     if not checkpoints:
         raise ConfigError("status: give at least one --checkpoint (a query's checkpoint location)")
     bootstrap, dsn = service_addresses(bootstrap, dsn)
-    collector = StatusCollector(watched_from_flags(checkpoints), thresholds,
-                                **collector_sources(KafkaConfig(bootstrap) if bootstrap else None, dsn))
+    collector = StatusCollector(watched_from_flags(checkpoints), thresholds, **collector_sources(bootstrap, dsn))
     service = StatusService(collector)
     if once:
         from oncekit.status import metrics
@@ -75,4 +74,4 @@ def for_runner(name: str, checkpoint: str, sink: SinkConfig, port: int, bootstra
                extra: Mapping[str, str] | None = None) -> StatusServer:
     """The page of one running query, its protocols known from its sink (the runners' ``--ui``)."""
     protocols = {**protocols_of(sink), **(extra or {})}
-    return start_page([Watched(name, checkpoint, protocols)], port, KafkaConfig(bootstrap) if bootstrap else None, dsn)
+    return start_page([Watched(name, checkpoint, protocols)], port, bootstrap, dsn)

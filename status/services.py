@@ -75,10 +75,13 @@ def kafka_transactions(config: KafkaConfig) -> KafkaTransactionReader:
     return ask
 
 
-def collector_sources(kafka: KafkaConfig | None, dsn: str | None) -> dict[str, Any]:
+def collector_sources(kafka: KafkaConfig | str | None, dsn: str | None) -> dict[str, Any]:
     """Keyword arguments for :class:`~oncekit.status.collector.StatusCollector`: the real services
-    that are given (a missing one leaves that part of the page empty)."""
+    that are given, Kafka as a configuration or its bootstrap servers (a missing one leaves that
+    part of the page empty)."""
     out: dict[str, Any] = {}
+    if isinstance(kafka, str):
+        kafka = KafkaConfig(kafka) if kafka else None
     if kafka is not None:
         out["end_offsets"] = end_offsets(kafka)
         out["kafka_transactions"] = kafka_transactions(kafka)
