@@ -108,11 +108,6 @@ class MemoryStore:
         self._files_tree.remove(path)
         return data
 
-    def names_in(self, folder: str) -> set[str]:
-        """The names of the files right in ``folder``, read off the model without a step (what
-        Spark's own events tell the kit without a read: the simulation's listener)."""
-        return self._files_tree.names.get(folder.rstrip("/"), set())
-
     def _step(self, what: str, path: str) -> None:
         self.scheduler.step(lambda: f"storage {what} {path.split('/oncekit/')[-1]}")
 

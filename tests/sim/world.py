@@ -143,6 +143,8 @@ class World:
         self.faults_left = scenario.faults
         self.last_fault_step = 0
         self.violations: list[str] = []
+        self.latest_commit = -1
+        """The newest batch in Spark's commit log, as its progress events tell the listeners."""
         self.store.put("/cp/metadata", json.dumps({"id": "query-1"}).encode())
 
     # -- the query -----------------------------------------------------------------------------
@@ -239,17 +241,19 @@ class World:
     def run_query(self, driver: SimDriver, keeper: SimKeeper, token: str) -> None:
         """One run of the query, as Spark runs it: a stream writer for every batch (the run's first
         is the first writer), its tasks, the driver commit, the commit log; when the input is
-        drained the run stops as ``OncekitQuery.stop`` does."""
+        drained the run stops as ``OncekitQuery.stop`` does. Spark reads its offset and commit logs
+        at the run's start and then keeps the batch id in memory: an entry another run wrote
+        meanwhile fails this run's write of it (:meth:`write_once`)."""
         run = QueryRun(token, listener=True, committer=False, version=oncekit.__version__, driver=driver.identity)
         state = {"running": True}
         self.scheduler.spawn(f"{driver.process.name}/listener {token}", driver.process,
                              lambda: self.listener(token, state))
         log = SparkLog(self.checkpoint)
+        planned, completed = log.latest_planned(), log.latest_completed()  # read once, at the start
         try:
             while True:
                 if keeper.taken_by() is not None:
                     raise LeaseLostError(f"lease taken by {keeper.taken_by()}")
-                planned, completed = log.latest_planned(), log.latest_completed()
                 if planned is not None and (completed is None or planned > completed):
                     batch_id = planned
                 else:
@@ -257,6 +261,7 @@ class World:
                     if batch_id >= self.scenario.batches:
                         break
                     self.write_once(f"/cp/offsets/{batch_id}")
+                    planned = batch_id
                 engine, _ = open_run(self.config, self.checkpoint, run)
                 try:
                     committables = self.run_tasks(driver, engine.epoch, batch_id)
@@ -265,6 +270,7 @@ class World:
                     raise
                 commit_batch(open_run(self.config, self.checkpoint, run)[0], run, batch_id, committables)
                 self.write_once(f"/cp/commits/{batch_id}")
+                completed = batch_id
         finally:
             state["running"] = False
         settle(self.config, self.checkpoint, run)
@@ -277,17 +283,16 @@ class World:
         batch's event once its commit-log entry exists; after a failed notification, the next
         event, :data:`POLL_S` later)."""
         notified = -1
-        log = SparkLog(self.checkpoint)
 
         def event() -> bool:
-            return not state["running"] or max(map(int, self.store.names_in("/cp/commits")), default=-1) > notified
+            return not state["running"] or self.latest_commit > notified
 
         while state["running"]:
             self.scheduler.wait_until(event, 3600.0, "progress event")
             if not state["running"]:
                 return
-            latest = log.latest_completed()
-            if latest is not None and latest > notified:
+            latest = self.latest_commit  # what the event says
+            if latest > notified:
                 try:
                     engine = CheckpointEngine.for_run(self.config, self.checkpoint, token)
                     if engine is not None:
@@ -303,6 +308,8 @@ class World:
         if path in self.store.files:
             raise SparkConcurrentUpdate(f"{path} was written by another query")
         self.store.put(path, b"v1")
+        if path.startswith("/cp/commits/"):
+            self.latest_commit = max(self.latest_commit, int(path.rsplit("/", 1)[1]))
 
     def run_tasks(self, driver: SimDriver, epoch: int, batch_id: int) -> list[Committable]:
         results: dict[int, list[Committable]] = {}
