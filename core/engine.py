@@ -164,7 +164,8 @@ class CheckpointEngine:
         catch-up then reaches only the batch before."""
         self._require_epoch(f"batch {batch_id}")
         self.refuse_superseded(f"batch {batch_id}")
-        self.complete(batch_id - (2 if notified else 1))
+        names = self.journal.listing()
+        self.complete(batch_id - (2 if notified else 1), names)
         held = self._leftovers(batch_id)
         blocking = {t.sink_id for t in self.sink.targets() if t.blocking_pre_commits}
         missing = sorted(c.name for c in committables if c.sink_id in blocking and c.key not in {h.key for h in held})
@@ -188,12 +189,12 @@ class CheckpointEngine:
             self._abort(held_batch, [c for c in older if c.batch_id == held_batch])
         mine = [c for c in held if c.epoch == self.epoch]
         for held_batch in sorted({c.batch_id for c in mine}):
-            named = committables if held_batch == batch_id else self.journal.read_all(held_batch).get(self.epoch)
+            named = committables if held_batch == batch_id else self.journal.read_all(held_batch, names).get(self.epoch)
             if named is None:
                 continue  # a batch this run never decided: its stop or the next run settles it
             kept = {c.key for c in named}
             self._abort(held_batch, [c for c in mine if c.batch_id == held_batch and c.key not in kept])
-        self._prune()
+        self._prune(names)
 
     def abort(self, batch_id: int, committables: Sequence[Committable]) -> None:
         """Driver, in the stream writer's abort: Spark gave up on ``batch_id`` in this run. Of what
@@ -241,22 +242,25 @@ class CheckpointEngine:
                 aborted += [c.name for c in _unique(lost)]
         return aborted
 
-    def complete(self, up_to: int | None = None) -> list[int]:
+    def complete(self, up_to: int | None = None, names: list[str] | None = None) -> list[int]:
         """Checkpoint-complete notification: commit every journaled, not yet committed batch
-        up to ``up_to`` (all if None) that Spark logged as committed. Returns those batch ids."""
-        committed = self.uncommitted(up_to)
+        up to ``up_to`` (all if None) that Spark logged as committed. Returns those batch ids.
+        ``names``: the journal's listing, when the caller took one this step
+        (:meth:`~oncekit.core.journal.Journal.listing`)."""
+        names = self.journal.listing() if names is None else names
+        committed = self.uncommitted(up_to, names)
         if committed:
             self._require_epoch("checkpoint-complete notification")
             decided = self._decided(set(committed))
             for batch_id in committed:
-                self._commit(batch_id, decided)
+                self._commit(batch_id, decided, names=names)
                 self.journal.mark_done(batch_id)
         return committed
 
-    def uncommitted(self, up_to: int | None = None) -> list[int]:
+    def uncommitted(self, up_to: int | None = None, names: list[str] | None = None) -> list[int]:
         """The journaled batches up to ``up_to`` (all if None) that Spark logged as committed
-        and the sink has not committed yet: what :meth:`complete` would commit."""
-        journaled, done = self.journal.entries()
+        and the sink has not committed yet: what :meth:`complete` would commit (``names`` as there)."""
+        journaled, done = self.journal.entries(names)
         candidates = sorted(b for b in journaled - done if up_to is None or b <= up_to)
         if not candidates:
             return []
@@ -279,11 +283,12 @@ class CheckpointEngine:
         self.refuse_superseded("recovery")
         report = RecoveryReport()
         completed = self.spark_log.completed()
-        journaled, done = self.journal.entries()
+        names = self.journal.listing()
+        journaled, done = self.journal.entries(names)
         pending = sorted(journaled - done)
         leftovers = self._leftovers()
         newer = [c.name for c in leftovers if c.epoch > self.epoch]
-        newer += [f"journal entry of batch {b}" for b, epochs in self.journal.epochs_of(set(pending)).items()
+        newer += [f"journal entry of batch {b}" for b, epochs in self.journal.epochs_of(set(pending), names).items()
                   if max(epochs, default=0) > self.epoch]
         if newer:
             raise FencedError(f"sink {self.sink.sink_id} recovery: this run (epoch {self.epoch}) was superseded: a "
@@ -293,7 +298,7 @@ class CheckpointEngine:
         finished = set(done)
         for batch_id in pending:
             complete = is_complete(batch_id, completed)
-            kept, committed = self._commit(batch_id, decided, early=not complete)
+            kept, committed = self._commit(batch_id, decided, early=not complete, names=names)
             named |= kept
             if complete:
                 self.journal.mark_done(batch_id)
@@ -319,12 +324,13 @@ class CheckpointEngine:
             return {}
         return {t.sink_id: t.decided(batch_ids) for t in self.sink.targets()}
 
-    def _commit(self, batch_id: int, decided: dict[str, dict[int, set[int]] | None], early: bool = False
-                ) -> tuple[set[tuple[str, str]], bool]:
-        """Commit ``batch_id`` on every target from its decisions; with ``early`` (the batch is
-        decided but not complete) only where pre-commits block a replay. Returns the keys of
-        what the decisions name (which recovery must never abort), and whether it committed."""
-        entries = self.journal.read_all(batch_id)
+    def _commit(self, batch_id: int, decided: dict[str, dict[int, set[int]] | None], early: bool = False,
+                names: list[str] | None = None) -> tuple[set[tuple[str, str]], bool]:
+        """Commit ``batch_id`` on every target from its decisions (its entries among the journal
+        listing ``names``); with ``early`` (the batch is decided but not complete) only where
+        pre-commits block a replay. Returns the keys of what the decisions name (which recovery
+        must never abort), and whether it committed."""
+        entries = self.journal.read_all(batch_id, names)
         named: set[tuple[str, str]] = set()
         committed = False
         for index, target in enumerate(self.sink.targets()):
@@ -369,20 +375,22 @@ class CheckpointEngine:
         found = self.sink.leftovers()
         return found if up_to is None else [c for c in found if c.batch_id <= up_to]
 
-    def _prune(self) -> None:
+    def _prune(self, names: list[str] | None = None) -> None:
         """Forget finished batches older than the oldest commit Spark still keeps (its
         ``minBatchesToRetain``), in the journal and in the sink: no recovery can need them. The
-        sink forgets only below every batch the journal still holds unfinished."""
+        sink forgets only below every batch the journal still holds unfinished. ``names``: a
+        journal listing the caller took earlier in its step; a batch marked done since is then
+        pruned at the next step (pruning less is always safe)."""
         completed = self.spark_log.completed()
         if not completed:
             return
-        journaled, done = self.journal.entries()
+        journaled, done = self.journal.entries(names)
         oldest = min(completed)
         forgotten = sorted(b for b in done if b < oldest)
         for batch_id in forgotten:
-            self.journal.delete(batch_id)
+            self.journal.delete(batch_id, names)
         if forgotten:
-            self.journal.sweep(oldest)
+            self.journal.sweep(oldest, names)
             self.sink.forget(min([oldest, *(journaled - done)]))
 
 

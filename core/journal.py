@@ -83,10 +83,18 @@ class Journal:
             raise FileNotFoundError(f"{self.directory}: no journal entry of batch {batch_id}")
         return entries[max(entries)]
 
-    def read_all(self, batch_id: int) -> dict[int, list[Committable]]:
-        """Every run's entry of ``batch_id``, by epoch (an entry pruned meanwhile is left out)."""
+    def listing(self) -> list[str]:
+        """The journal folder's file names, read once: an engine step that asks several questions
+        of the journal passes them to each (``names``), where it would otherwise list the folder
+        for each. A listing taken earlier answers as the journal was then: what another run wrote
+        since is seen at the next step, as if it had come a moment later."""
+        return list_names(self.fs, self.directory)
+
+    def read_all(self, batch_id: int, names: list[str] | None = None) -> dict[int, list[Committable]]:
+        """Every run's entry of ``batch_id``, by epoch (an entry pruned meanwhile is left out),
+        among ``names`` (default: the folder's now)."""
         found: dict[int, list[Committable]] = {}
-        for epoch, name in self._entries_of(list_names(self.fs, self.directory)).get(batch_id, []):
+        for epoch, name in self._entries_of(self.listing() if names is None else names).get(batch_id, []):
             try:
                 payload = json.loads(read_bytes(self.fs, f"{self.directory}/{name}"))
             except FileNotFoundError:
@@ -94,9 +102,9 @@ class Journal:
             found[epoch] = [Committable.from_dict(c) for c in payload["committables"]]
         return found
 
-    def epochs_of(self, batch_ids: set[int]) -> dict[int, set[int]]:
-        """For each of ``batch_ids``, the epochs that journaled it."""
-        found = self._entries_of(list_names(self.fs, self.directory))
+    def epochs_of(self, batch_ids: set[int], names: list[str] | None = None) -> dict[int, set[int]]:
+        """For each of ``batch_ids``, the epochs that journaled it (among ``names``, as :meth:`read_all`)."""
+        found = self._entries_of(self.listing() if names is None else names)
         return {b: {epoch for epoch, _ in found.get(b, [])} for b in batch_ids}
 
     @staticmethod
@@ -113,18 +121,19 @@ class Journal:
         done = {b: times[f"{b}.done"] for b in batch_ids(times, ".done")}
         return {b: stamp for b, (_, stamp) in written.items()}, done
 
-    def entries(self) -> tuple[set[int], set[int]]:
-        """(journaled batch ids, the ones of them marked done)."""
-        names = list_names(self.fs, self.directory)
+    def entries(self, names: list[str] | None = None) -> tuple[set[int], set[int]]:
+        """(journaled batch ids, the ones of them marked done), among ``names`` (as :meth:`read_all`)."""
+        names = self.listing() if names is None else names
         return set(self._entries_of(names)), batch_ids(names, ".done")
 
     def mark_done(self, batch_id: int) -> None:
         write_atomically(self.fs, self._path(batch_id, ".done"), b"")
 
-    def delete(self, batch_id: int) -> None:
-        """Recovery (the batch never completed: every run's entry goes) or pruning (done, and
-        older than anything Spark keeps)."""
-        for _, name in self._entries_of(list_names(self.fs, self.directory)).get(batch_id, []):
+    def delete(self, batch_id: int, names: list[str] | None = None) -> None:
+        """Every run's entry of the batch among ``names`` (as :meth:`read_all`), then its mark:
+        pruning (done, and older than anything Spark keeps), or a savepoint's copy dropping what
+        Spark never completed."""
+        for _, name in self._entries_of(self.listing() if names is None else names).get(batch_id, []):
             delete_file(self.fs, f"{self.directory}/{name}")
         delete_file(self.fs, self._path(batch_id, ".done"))
 
@@ -159,10 +168,10 @@ class Journal:
         """The newest epoch any run of this sink took here (0 when none has)."""
         return max(self.runs().values(), default=0)
 
-    def sweep(self, before_batch: int) -> None:
-        """Driver, in recovery: delete temporaries that killed writers left for batches before
-        ``before_batch`` (their entries are final or gone)."""
-        for name in list_names(self.fs, self.directory):
+    def sweep(self, before_batch: int, names: list[str] | None = None) -> None:
+        """Driver, pruning: delete temporaries that killed writers left for batches before
+        ``before_batch`` (their entries are final or gone), among ``names`` (as :meth:`read_all`)."""
+        for name in self.listing() if names is None else names:
             stem = (temporary_target(name) or "").split(".", 1)[0]
             if stem.isdigit() and int(stem) < before_batch:
                 delete_file(self.fs, f"{self.directory}/{name}")

@@ -188,9 +188,10 @@ def create(checkpoint_root: str | Path, into: str | Path, name: str,
 def _drop_uncommitted_journal(checkpoint: str, sink_id: str) -> None:
     committed = SparkLog(checkpoint).completed()
     journal = Journal(checkpoint, sink_id)
-    journaled, done = journal.entries()
+    names = journal.listing()
+    journaled, done = journal.entries(names)
     for batch_id in sorted((journaled | done) - committed):
-        journal.delete(batch_id)
+        journal.delete(batch_id, names)
 
 
 def load(path: str | Path) -> Savepoint:
