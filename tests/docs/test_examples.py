@@ -27,13 +27,18 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples"
 PAYMENTS = 300
 
 
+def payment_events(seed: int = 3) -> list[Any]:
+    """What :func:`produce_payments` sends for ``seed``, in order."""
+    return list(events(Workload(count=PAYMENTS, duplicates=0, malformed=0.05, seed=seed)))
+
+
 def produce_payments(kafka: KafkaConfig, topic: str, seed: int = 3) -> list[str]:
     """PAYMENTS events as ``oncekit produce`` sends them, one in twenty malformed (a bad JSON, an
     event without account or amount, an amount that is not a number); returns the ids of the
     well-formed ones, each sent once (ids differ from one ``seed`` to another)."""
     create_topic(kafka, topic, partitions=2)
     producer = Producer(kafka.settings())
-    sent = list(events(Workload(count=PAYMENTS, duplicates=0, malformed=0.05, seed=seed)))
+    sent = payment_events(seed)
     assert sum(not event.unique for event in sent) >= 5
     for event in sent:
         producer.produce(topic, key=event.key, value=event.value)
@@ -83,3 +88,41 @@ def test_documented_example_writes_every_payment_exactly_once(
         sent = [json.loads(value)["event_id"] for value in read_committed(kafka, updates, len(expected))]
         verdict = compare(expected, sent)
         assert verdict.exactly_once, verdict.summary()
+
+
+def test_the_readmes_job_writes_every_record_with_an_event_id_exactly_once(
+        spark: Any, kafka: KafkaConfig, postgres_dsn: str, unique_name: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README's job, its code as the README shows it but for the addresses, topic, table and
+    checkpoint (each replaced where the README writes it, once): every input record whose JSON
+    has an event id is in the table once, the malformed ones too (their amount NULL, as its
+    comment says), and a record that is no JSON is left out."""
+    readme = (EXAMPLES.parents[1] / "README.md").read_text()
+    code = readme.split("```python\n", 1)[1].split("```", 1)[0]
+    topic = unique_name.replace("_", "-")
+    for written, here in [('"kafka:9092", "payments"', f'"{kafka.bootstrap_servers}", "{topic}"'),
+                          ('os.environ["PAYMENTS_DSN"], "payments"', f'{postgres_dsn!r}, "{unique_name}"'),
+                          ('"s3a://bucket/checkpoints/payments"', repr(str(tmp_path / "payments")))]:
+        assert code.count(written) == 1, f"the README's job no longer writes {written}"
+        code = code.replace(written, here)
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {unique_name} (event_id text, amount_cents bigint)")
+    produce_payments(kafka, topic)
+    expected = []
+    for event in payment_events():
+        try:
+            expected.append(str(json.loads(event.value)["event_id"]))
+        except (ValueError, KeyError):
+            continue  # no JSON: get_json_object gives NULL, and the job filters it out
+    module: dict[str, Any] = {}
+    exec(compile(code, "README.md", "exec"), module)  # noqa: S102 - the README's own code
+    query = module["start"](spark)
+    try:
+        deadline = time.monotonic() + 120
+        while len(table_ids(postgres_dsn, unique_name)) < len(expected) and time.monotonic() < deadline:
+            assert query.exception() is None, query.exception()
+            time.sleep(0.5)
+    finally:
+        query.stop()
+    verdict = compare(expected, table_ids(postgres_dsn, unique_name))
+    assert verdict.exactly_once, verdict.summary()
