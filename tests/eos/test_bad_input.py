@@ -183,11 +183,12 @@ def test_output_topic_partitions_increased_mid_run_exactly_once(kafka: KafkaConf
     assert verdict.exactly_once, verdict.summary()
 
 
-@pytest.mark.long(90)
 def test_output_topic_deleted_mid_run_fails_naming_topic_then_restart_exactly_once(
         kafka: KafkaConfig, topic: str, tmp_path: Path) -> None:
     out = f"{topic}-out"
-    config = kafka_sink(kafka.bootstrap_servers, out, "transactional")
+    # A record for a deleted topic fails once the producer's delivery timeout (the transaction
+    # timeout) has passed: 15 s here instead of the default minute.
+    config = kafka_sink(kafka.bootstrap_servers, out, "transactional", transaction_timeout_ms=15_000)
     engine = engine_of(config, tmp_path)
     run_batch(engine, 0, [topic_rows([0]), topic_rows([1])], tmp_path)
     admin = AdminClient(kafka.settings())
