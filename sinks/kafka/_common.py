@@ -96,7 +96,15 @@ class SinkProducer:
 
     def _failed(self, error: Any, message: Any) -> None:  # librdkafka's delivery report
         if error.code() not in _PURGED:  # records of a transaction the sink aborted itself
-            self.failures.append(str(error))
+            self.failures.append(f"a record for {message.topic()} [{message.partition()}]: {error.str()}")
+
+    def topic_missing(self, topic: str) -> bool:
+        """Whether the cluster says ``topic`` does not exist (False when it cannot tell within 5 s)."""
+        try:
+            found = self.list_topics(topic, timeout=5).topics.get(topic)
+        except KafkaException:
+            return False
+        return found is None or (found.error is not None and found.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART)
 
 
 class KafkaSinkBase:
@@ -341,9 +349,11 @@ class KafkaSinkBase:
             text = ("init_transactions: " if producer is None else "") + exc.args[0].str() + (
                 f" ({producer.failures[0]})" if producer is not None and producer.failures else "")
             # A deleted topic shows as an unknown topic, or, while the producer's metadata still
-            # lists it, as an unknown partition in a record's delivery report.
+            # lists it, as an unknown partition in a record's delivery report, or as records timed
+            # out (when the transaction timeout ends their wait before the metadata tells).
             gone = exc.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART or "Unknown topic" in text \
-                or "Unknown partition" in text
+                or "Unknown partition" in text or (
+                    "Message timed out" in text and producer is not None and producer.topic_missing(self.config.topic))
             hint = (f"; topic {self.config.topic} is gone (deleted while the query ran?): restart the query, whose "
                     "preflight creates it again, and the batch is replayed") if gone else ""
             raise OncekitError(f"{where}: transaction {transactional_id} failed: {text}{hint}") from exc
