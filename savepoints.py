@@ -55,7 +55,7 @@ def restore(path: str, root: str, state_partitions: int | None = None) -> savepo
     if pending:
         raise SavepointError(f"savepoint {saved.name}: queries {', '.join(pending)} have a batch planned and not "
                              f"committed; restored without rescaling into {where}. Run the job once from there (an "
-                             "availableNow trigger) and rescale with Spark's offline repartitioning, or restore without "
+                             "available-now trigger) and rescale with Spark's offline repartitioning, or restore without "
                              "--state-partitions")
     spark = spark_session("oncekit-savepoint")
     for name in logs:

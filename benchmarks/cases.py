@@ -25,7 +25,7 @@ from benchmarks.peers import Timed
 from benchmarks.table import Check, Ratio, Row, Table
 from oncekit.connectors.kafka_admin import create_topic
 from oncekit.core.fanout import fan_out
-from oncekit.core.spark.query import start_query
+from oncekit.core.spark.query import Trigger, start_query
 from oncekit.sinks.kafka import kafka_sink
 from oncekit.sinks.kafka.config import KafkaProtocol
 from oncekit.sinks.postgres import postgres_sink
@@ -159,7 +159,7 @@ def kit_queries(queries: list[tuple[DataFrame, SinkConfig]]) -> None:
     """Each frame into its sink over all available input, the queries side by side in the session."""
     with ExitStack() as checkpoints:
         started = [start_query(frame, sink, checkpoints.enter_context(tempfile.TemporaryDirectory()),
-                               trigger={"availableNow": True}) for frame, sink in queries]
+                               trigger=Trigger(available_now=True)) for frame, sink in queries]
         for query in started:
             query.await_termination()
 

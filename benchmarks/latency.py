@@ -21,7 +21,7 @@ from benchmarks.cases import failure, slug
 from benchmarks.environment import Bench
 from benchmarks.table import Ratio, Row, Table
 from oncekit.connectors.kafka_admin import create_topic
-from oncekit.core.spark.query import start_query
+from oncekit.core.spark.query import Trigger, start_query
 from oncekit.sinks.kafka import kafka_sink
 from oncekit.sources.kafka import kafka_stream
 
@@ -50,7 +50,7 @@ def kit(trigger: str | None) -> Start:
     def start(bench: Bench, source: str, output: str, checkpoint: str) -> AbstractContextManager[Any]:
         return stopping(start_query(kafka_stream(bench.spark, bench.servers, source).select("key", "value"),
                                     kafka_sink(bench.servers, output, "transactional"), checkpoint,
-                                    trigger={"processingTime": trigger} if trigger else None))
+                                    trigger=Trigger(processing_time=trigger) if trigger else None))
     return start
 
 

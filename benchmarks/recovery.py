@@ -33,7 +33,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 
@@ -42,15 +42,13 @@ from benchmarks.cases import failure
 from benchmarks.environment import Bench
 from benchmarks.table import Ratio, Row, Table
 from oncekit.connectors.kafka_admin import create_topic
+from oncekit.core.spark.query import Trigger
 from oncekit.core.spark_log import SparkLog
 from oncekit.verify.driver import Timeline, start_driver, wait_step
 from oncekit.verify.examples import PipelineContext
 
-if TYPE_CHECKING:
-    from oncekit.core.spark.query import Trigger
-
 STEPS = ("process", "session", "takeover", "query", "recovered", "planned", "committed", "caught up")
-TRIGGER: Trigger = {"processingTime": "1 second"}
+TRIGGER = Trigger(processing_time="1 second")
 STEADY_BATCHES = 3  # batches committed after catching up before the next kill
 RECOVERY_DEADLINE_S = 180.0
 
@@ -70,7 +68,7 @@ def spark_pipeline(spark: Any, ctx: PipelineContext) -> Any:
     """Spark's JVM Kafka source into its Kafka sink, the peer (its jars come by PYSPARK_SUBMIT_ARGS)."""
     frame = peers.spark_kafka_stream(spark, ctx.bootstrap_servers, ctx.input_topic)
     return (peers.spark_kafka_sink(frame, ctx.bootstrap_servers, ctx.output)
-            .option("checkpointLocation", ctx.checkpoint).trigger(**ctx.trigger).start())
+            .option("checkpointLocation", ctx.checkpoint).trigger(**ctx.trigger.keywords()).start())
 
 
 def input_end(bench: Bench, topic: str) -> int:

@@ -59,7 +59,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
     from oncekit.core.protocol import SinkConfig
-    from oncekit.core.spark.query import OncekitQuery, Trigger
+    from oncekit.core.spark.query import OncekitQuery
 
 __all__ = ["QUERIES", "WARM_UP_MODULES", "PipelineError", "QuerySpec", "ReferencePipeline"]
 
@@ -229,7 +229,7 @@ class ReferencePipeline:
 
     def start(self, spark: SparkSession) -> list[OncekitQuery]:
         """Start every query from its checkpoint under :attr:`checkpoint`."""
-        from oncekit.core.spark.query import start_query
+        from oncekit.core.spark.query import Trigger, start_query
 
         run = self.config.pipeline
         # A batch without data only moves the dedup watermark (state eviction); the next batch
@@ -238,7 +238,7 @@ class ReferencePipeline:
         no_data = "spark.sql.streaming.noDataMicroBatches.enabled"
         previous = spark.conf.get(no_data)
         spark.conf.set(no_data, "false")
-        trigger: Trigger = {"processingTime": f"{run.trigger_s} seconds"} if run.trigger_s > 0 else {"availableNow": True}
+        trigger = Trigger(processing_time=f"{run.trigger_s} seconds") if run.trigger_s > 0 else Trigger(available_now=True)
         self.active = []
         try:
             for spec in self.queries(spark):

@@ -20,8 +20,8 @@ from oncekit.core.crash import POINTS
 from oncekit.core.errors import ConfigError
 
 if TYPE_CHECKING:
-    from oncekit.core.protocol import SinkConfig
     from oncekit.core.spark.query import Trigger
+    from oncekit.core.protocol import SinkConfig
     from oncekit.sinks.kafka.config import KafkaProtocol
     from oncekit.sinks.postgres.config import PostgresProtocol
 
@@ -59,6 +59,12 @@ EXAMPLES = {
 }
 
 
+def _trigger(**keywords: Any) -> Trigger:
+    from oncekit.core.spark.query import Trigger  # pyspark only once a pipeline runs
+
+    return Trigger(**keywords)
+
+
 @dataclass(frozen=True)
 class PipelineContext:
     """What a pipeline under test is given: where its input is, where its output goes, and the
@@ -69,9 +75,13 @@ class PipelineContext:
     output: str
     checkpoint: str
     dsn: str = field(default="", repr=False)
-    trigger: Trigger = field(default_factory=lambda: cast("Trigger", {"processingTime": "500 milliseconds"}))
+    trigger: Trigger = field(default_factory=lambda: _trigger(processing_time="500 milliseconds"))
     max_offsets_per_trigger: int = PER_BATCH
     kafka_client: dict[str, str] = field(default_factory=dict, repr=False)  # security settings: secret
+
+    def __post_init__(self) -> None:
+        if isinstance(self.trigger, dict):  # read back from JSON (the harness's driver process)
+            object.__setattr__(self, "trigger", _trigger(**self.trigger))
 
     @property
     def kafka(self) -> KafkaConfig:

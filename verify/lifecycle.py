@@ -38,7 +38,7 @@ from oncekit.core.crash import arm, fired_at
 from oncekit.core.errors import SavepointError, VerifyError
 from oncekit.core.lease import QueryLease
 from oncekit.core.protocol import SinkConfig
-from oncekit.core.spark.query import start_query
+from oncekit.core.spark.query import Trigger, start_query
 from oncekit.core.spark_log import SparkLog
 from oncekit.verify.checker import compare
 from oncekit.verify.driver import DriverProcess, start_driver
@@ -109,7 +109,7 @@ class Lifecycle:
         return frame.selectExpr("CAST(id AS STRING) AS key", "CAST(id AS STRING) AS value")
 
     def _drain(self, frame: Any, sink: SinkConfig, checkpoint: Path) -> None:
-        start_query(frame, sink, str(checkpoint), trigger={"availableNow": True}, notify=False).await_termination()
+        start_query(frame, sink, str(checkpoint), trigger=Trigger(available_now=True), notify=False).await_termination()
 
     def _crashed(self, frame: Any, sink: SinkConfig, checkpoint: Path, partition: int) -> None:
         """Run until batch 1's task of ``partition`` has committed and its worker died."""

@@ -160,7 +160,7 @@ def replay_refusal(sink_id: str, batch_id: int, checkpoint: str, before: Plan, n
         return (f"sink {sink_id} batch {batch_id}: the query's plan changed while batch {batch_id} was planned and not "
                 f"complete (checkpoint {checkpoint}). This sink commits in its tasks, so part of batch {batch_id} may be "
                 "committed per partition, and a replay with another partitioning would write rows twice or skip them. "
-                f"Start once more with the earlier plan until batch {batch_id} is complete (an availableNow trigger, "
+                f"Start once more with the earlier plan until batch {batch_id} is complete (Trigger(available_now=True), "
                 "for one), then start with the new one")
     changed = {name: value for name, value in before.settings.items() if now.settings.get(name) != value}
     if not changed:

@@ -17,7 +17,8 @@ import logging
 import os
 import re
 import time
-from typing import TYPE_CHECKING, Any, TypedDict, cast
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import SparkSession
 
@@ -67,17 +68,35 @@ def refuse_speculation(spark: SparkSession, sink: SinkConfig) -> None:
                           "exactly-once sinks cannot share a partition with; set spark.speculation=false")
 
 
-class Trigger(TypedDict, total=False):
-    """When a query's batches run: one of ``DataStreamWriter.trigger``'s keywords, typed.
-    ``{"availableNow": True}`` drains what is there and stops; ``{"processingTime": "10
-    seconds"}`` starts a batch every interval; none (Spark's default) starts the next batch as
-    soon as the last one ended. ``once`` is Spark's deprecated ``availableNow`` with one batch.
-    Spark's ``continuous`` is not offered: continuous processing has no batches to commit, and
-    Spark's Python data sources do not support it."""
+@dataclass(frozen=True)
+class Trigger:
+    """When a query's batches run: Spark's triggers (``DataStreamWriter.trigger``'s keywords, in
+    snake case), checked when made. ``Trigger(processing_time="10 seconds")`` starts a batch every
+    interval; ``Trigger(available_now=True)`` drains what is there (in as many batches as the
+    source's batch size needs) and stops; ``Trigger()``, like no trigger, starts the next batch as
+    soon as the last one ended. Spark's deprecated ``once`` is ``available_now`` with one batch;
+    ``continuous`` is not offered (continuous processing has no batches to commit, and Spark's
+    Python data sources do not support it).
 
-    availableNow: bool  # noqa: N815 - Spark's keyword
-    processingTime: str  # noqa: N815 - Spark's keyword
-    once: bool
+    :param processing_time: the interval, as Spark reads it: ``"500 milliseconds"``,
+        ``"10 seconds"``, ``"1 minute"``.
+    :param available_now: drain the input there is now, then stop."""
+
+    processing_time: str | None = None
+    available_now: bool = False
+
+    def __post_init__(self) -> None:
+        if self.processing_time is not None and self.available_now:
+            raise ConfigError("Trigger: give processing_time or available_now, not both")
+        if self.processing_time is not None and _seconds(self.processing_time) is None:
+            raise ConfigError(f"Trigger: processing_time {self.processing_time!r} is not an interval Spark reads; "
+                              "give a number and a unit: '500 milliseconds', '10 seconds', '1 minute'")
+
+    def keywords(self) -> dict[str, Any]:
+        """What ``DataStreamWriter.trigger`` takes for this trigger (nothing: Spark's default)."""
+        if self.available_now:
+            return {"availableNow": True}
+        return {} if self.processing_time is None else {"processingTime": self.processing_time}
 
 
 def batch_timeout_s(spark: SparkSession, trigger: Trigger | None, given: float | None) -> float:
@@ -94,22 +113,22 @@ def batch_timeout_s(spark: SparkSession, trigger: Trigger | None, given: float |
         if not given > 0:
             raise ConfigError(f"batch timeout {given}: give a number of seconds above 0 (inf for none)")
         return float(given)
-    interval = _seconds((trigger or {}).get("processingTime"))
-    return max(DEFAULT_BATCH_TIMEOUT_S, DEFAULT_BATCH_TIMEOUT_TRIGGERS * interval)
+    interval = _seconds(trigger.processing_time) if trigger is not None and trigger.processing_time else None
+    return max(DEFAULT_BATCH_TIMEOUT_S, DEFAULT_BATCH_TIMEOUT_TRIGGERS * (interval or 0.0))
 
 
 _UNITS = {"ms": 0.001, "millisecond": 0.001, "s": 1.0, "sec": 1.0, "second": 1.0, "m": 60.0, "min": 60.0,
-          "minute": 60.0, "h": 3600.0, "hour": 3600.0}
+          "minute": 60.0, "h": 3600.0, "hour": 3600.0, "d": 86400.0, "day": 86400.0}
 
 
-def _seconds(interval: Any) -> float:
-    """A processingTime interval ("500 milliseconds", "1 second", "2 minutes") in seconds; 0 for
-    none or what this does not read."""
-    match = re.fullmatch(r"(?:interval\s+)?([\d.]+)\s*([a-z]*)", str(interval or "").strip().lower())
+def _seconds(interval: str) -> float | None:
+    """A processing-time interval ("500 milliseconds", "1 second", "2 minutes", "interval 1
+    hour") in seconds; None for what this does not read."""
+    match = re.fullmatch(r"(?:interval\s+)?(\d+(?:\.\d+)?)\s*([a-z]*)", interval.strip().lower())
     if match is None:
-        return 0.0
+        return None
     unit = match[2] if match[2] in _UNITS else match[2].removesuffix("s")
-    return float(match[1]) * _UNITS.get(unit, 0.0)
+    return float(match[1]) * _UNITS[unit] if unit in _UNITS else None
 
 
 class OncekitQuery:
@@ -313,9 +332,8 @@ def start_query(
     :param checkpoint: the query's checkpoint location, as Spark's ``checkpointLocation``
         (a path or a URI Spark's file systems reach: ``hdfs://``, ``s3a://``...). The sink's
         journal lives beside Spark's offsets there.
-    :param trigger: when batches run, as ``DataStreamWriter.trigger``'s keywords (:class:`Trigger`):
-        ``{"processingTime": "10 seconds"}``, ``{"availableNow": True}``; None runs the next batch
-        as soon as the last one ended.
+    :param trigger: when batches run (:class:`Trigger`): ``Trigger(processing_time="10 seconds")``,
+        ``Trigger(available_now=True)``; None runs the next batch as soon as the last one ended.
     :param query_name: Spark's query name (its UI and metrics).
     :param output_mode: Spark's output mode (``append``, ``update``, ``complete``).
     :param notify: attach the listener that commits each batch when Spark completes its
@@ -342,8 +360,8 @@ def start_query(
     refuse_changed_replay(frame, sink, checkpoint)
     writer = (frame.writeStream.format(sink.format_name).options(**sink.to_options(), **run.to_options())
               .option("checkpointLocation", checkpoint).outputMode(output_mode))
-    if trigger:
-        writer = writer.trigger(**cast(dict[str, Any], trigger))
+    if trigger is not None and trigger.keywords():
+        writer = writer.trigger(**trigger.keywords())
     if query_name:
         writer = writer.queryName(query_name)
     timeout_s = batch_timeout_s(spark, trigger, batch_timeout)

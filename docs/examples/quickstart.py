@@ -2,7 +2,7 @@
 
 import os
 
-from oncekit import kafka_stream, postgres_sink, start_query
+from oncekit import Trigger, kafka_stream, postgres_sink, start_query
 
 BOOTSTRAP = os.environ.get("ONCEKIT_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
 DSN = os.environ["ONCEKIT_POSTGRES_DSN"]  # postgresql://user:password@host:5432/db
@@ -18,7 +18,7 @@ def start(spark):
         "try_cast(get_json_object(json, '$.amount_cents') AS BIGINT) AS amount_cents",
     ).where("event_id IS NOT NULL AND account_id IS NOT NULL AND amount_cents IS NOT NULL")  # not malformed
     sink = postgres_sink(DSN, TABLE, "two-phase-commit")
-    return start_query(payments, sink, f"{CHECKPOINTS}/payments", trigger={"processingTime": "5 seconds"})
+    return start_query(payments, sink, f"{CHECKPOINTS}/payments", trigger=Trigger(processing_time="5 seconds"))
 
 
 if __name__ == "__main__":  # spark-submit quickstart.py [--standby]: what oncekit run gives, from the job's own file

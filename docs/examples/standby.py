@@ -4,7 +4,7 @@ active driver's lease lapses, and takes over within seconds."""
 
 import os
 
-from oncekit import kafka_stream, postgres_sink, stand_by, start_query
+from oncekit import Trigger, kafka_stream, postgres_sink, stand_by, start_query
 
 BOOTSTRAP = os.environ.get("ONCEKIT_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
 DSN = os.environ["ONCEKIT_POSTGRES_DSN"]
@@ -22,4 +22,4 @@ def start(spark):
     checkpoint = f"{CHECKPOINTS}/payments"
     stand_by(spark, [checkpoint])  # warm up, then wait for the lease
     return start_query(payments, postgres_sink(DSN, TABLE, "two-phase-commit"), checkpoint,
-                       trigger={"processingTime": "5 seconds"})
+                       trigger=Trigger(processing_time="5 seconds"))

@@ -3,7 +3,7 @@
 
 import os
 
-from oncekit import kafka_stream, postgres_sink, spark_session, start_query
+from oncekit import Trigger, kafka_stream, postgres_sink, spark_session, start_query
 
 BOOTSTRAP = os.environ.get("ONCEKIT_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
 DSN = os.environ["ONCEKIT_POSTGRES_DSN"]
@@ -22,4 +22,4 @@ def start(spark=None):
     sink = postgres_sink(DSN, TABLE, "idempotent", key_columns=("event_id",))
     # One key's rows in one partition: two tasks of a batch never write the same key.
     return start_query(payments.repartition("event_id"), sink, f"{CHECKPOINTS}/payments",
-                       trigger={"processingTime": "10 seconds"})
+                       trigger=Trigger(processing_time="10 seconds"))

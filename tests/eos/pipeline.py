@@ -7,7 +7,7 @@ import random
 import time
 from typing import Any
 
-from oncekit.core.spark.query import OncekitQuery, start_query
+from oncekit.core.spark.query import OncekitQuery, Trigger, start_query
 from oncekit.core.spark.watchdog import STRAGGLER_S
 from oncekit.core.protocol import SinkConfig
 from oncekit.verify import (  # noqa: F401  (re-exported for the tests)
@@ -54,7 +54,7 @@ def read_by(query: OncekitQuery) -> str:
 
 def run_available_now(frame: Any, sink: SinkConfig, checkpoint: str, notify: bool = False) -> OncekitQuery:
     """Run the stream until the input is drained; raises if the query fails (a crash)."""
-    query = start_query(frame, sink, checkpoint, trigger={"availableNow": True}, notify=notify)
+    query = start_query(frame, sink, checkpoint, trigger=Trigger(available_now=True), notify=notify)
     query.await_termination()
     return query
 

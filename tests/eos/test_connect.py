@@ -32,6 +32,7 @@ from oncekit.connectors.services.spark_connect import ConnectServer
 from oncekit.core.crash import CRASH_DIR_ENV
 from oncekit.core.engine import CheckpointEngine
 from oncekit.core.journal import Journal
+from oncekit.core.spark.query import Trigger
 from oncekit.core.spark_log import SparkLog
 from oncekit.verify import (
     PipelineContext,
@@ -48,7 +49,7 @@ pytestmark = [pytest.mark.services, pytest.mark.spark]
 
 PIPELINE = "postgres-two-phase-commit"
 CHUNK = 3_000
-TRIGGER = {"processingTime": "1 second"}
+TRIGGER = Trigger(processing_time="1 second")
 PER_TRIGGER = 300
 
 

@@ -15,7 +15,7 @@ from oncekit.connectors import KafkaConfig
 from oncekit.core.crash import arm, fired
 from oncekit.core.errors import StallError
 from oncekit.core.restart import FixedDelay, supervise
-from oncekit.core.spark.query import start_query
+from oncekit.core.spark.query import Trigger, start_query
 from oncekit.core.stalls import StallLog
 from oncekit.sinks.kafka import kafka_sink
 from oncekit.verify import compare
@@ -37,7 +37,7 @@ def test_task_that_never_returns_fails_query_with_stall_error_and_restart_is_exa
 
     def run() -> None:
         frame = integers(spark, kafka, topic, PER_BATCH).selectExpr("CAST(id AS STRING) AS value")
-        start_query(frame, sink, checkpoint, trigger={"availableNow": True}, batch_timeout=TIMEOUT_S).await_termination()
+        start_query(frame, sink, checkpoint, trigger=Trigger(available_now=True), batch_timeout=TIMEOUT_S).await_termination()
 
     started = time.monotonic()
     with pytest.raises(StallError, match=rf"batch 1: planned and not committed after \d+ s \(batch timeout 20 s\)"):

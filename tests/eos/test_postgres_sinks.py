@@ -18,7 +18,7 @@ from oncekit.core.crash import POINTS, arm, fired
 from oncekit.core.journal import Journal
 from oncekit.core.names import TransactionId
 from oncekit.core.spark.listener import CheckpointListener
-from oncekit.core.spark.query import start_query
+from oncekit.core.spark.query import Trigger, start_query
 from oncekit.sinks.postgres import postgres_sink
 from oncekit.verify import compare
 from tests.eos.pipeline import (COUNT, PER_BATCH, integers, prepared_after_the_sweep, prepared_transactions, produce_input,
@@ -125,7 +125,7 @@ def test_postgres_two_phase_commit_same_keys_every_batch_never_waits_on_own_lock
     create_table(postgres_dsn, unique_name, keyed=True)
     sink = postgres_sink(postgres_dsn, unique_name, "two-phase-commit", key_columns=("id",))
     frame = integers(spark, kafka, topic, PER_BATCH).selectExpr("id % 10 AS id", "payload").repartition(2, "id")
-    query = start_query(frame, sink, str(tmp_path / "checkpoint"), trigger={"availableNow": True}, notify=notify)
+    query = start_query(frame, sink, str(tmp_path / "checkpoint"), trigger=Trigger(available_now=True), notify=notify)
     assert query.await_termination(timeout=240), "the query waited on its own prepared transactions"
     assert len(query.recentProgress) >= 4
     with psycopg.connect(postgres_dsn) as conn:
@@ -154,7 +154,7 @@ def test_listener_delivers_every_batch_and_the_termination_to_the_sink(
     create_table(postgres_dsn, unique_name, keyed=False)
     sink = postgres_sink(postgres_dsn, unique_name, "write-ahead-log")
     query = start_query(integers(spark, kafka, topic, PER_BATCH), sink, str(tmp_path / "checkpoint"),
-                        trigger={"availableNow": True})
+                        trigger=Trigger(available_now=True))
     assert query.await_termination(timeout=240)
     run_id = str(query.runId)
     # Spark's listener bus delivers the termination on its own thread: await_termination waits

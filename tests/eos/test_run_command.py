@@ -32,7 +32,7 @@ ONCEKIT = str(Path(sys.executable).parent / "oncekit")
 JOB = '''\
 import os
 
-from oncekit import kafka_stream, postgres_sink, start_query
+from oncekit import Trigger, kafka_stream, postgres_sink, start_query
 
 
 def start(spark):
@@ -40,7 +40,7 @@ def start(spark):
                           max_offsets_per_trigger=200)
     rows = events.selectExpr("TRY_CAST(CAST(value AS STRING) AS BIGINT) AS id", "CAST(value AS STRING) AS payload")
     sink = postgres_sink(os.environ["JOB_DSN"], os.environ["JOB_TABLE"], "write-ahead-log")
-    trigger = {"availableNow": True} if os.environ.get("JOB_UNTIL") == "drained" else {"processingTime": "1 second"}
+    trigger = Trigger(available_now=True) if os.environ.get("JOB_UNTIL") == "drained" else Trigger(processing_time="1 second")
     return start_query(rows.where("id IS NOT NULL"), sink, os.environ["JOB_CHECKPOINT"], trigger=trigger)
 '''
 

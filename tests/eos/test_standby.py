@@ -25,6 +25,7 @@ from oncekit.core.crash import arm, fired, fired_at, release
 from oncekit.core.engine import CheckpointEngine
 from oncekit.core.errors import FencedError
 from oncekit.core.lease import EXPIRY_ENV, LEASE
+from oncekit.core.spark.query import Trigger
 from oncekit.core.spark_log import SparkLog
 from oncekit.verify import PipelineContext, compare, start_example
 from oncekit.verify.driver import DriverProcess, Timeline
@@ -79,7 +80,7 @@ class Failover:
         prepare_target(pipeline, kafka, postgres_dsn, out)
         self.pipeline, self.kafka, self.topic, self.logs, self.crash_dir = pipeline, kafka, topic, logs, crash_dir
         self.ctx = PipelineContext(kafka.bootstrap_servers, topic, out, str(logs / "checkpoint"), dsn=postgres_dsn,
-                                   trigger={"processingTime": "1 second"}, max_offsets_per_trigger=500)
+                                   trigger=Trigger(processing_time="1 second"), max_offsets_per_trigger=500)
         self.env = {EXPIRY_ENV: str(expiry_s), "SPARK_MASTER": "local[2]"}
         self.drivers: list[DriverProcess] = []
         self.expected: list[int] = []
@@ -347,7 +348,7 @@ def running_past_batch_1(spark: Any, kafka: KafkaConfig, topic: str, tmp_path: P
     out = f"{topic}-out"
     create_topic(kafka, out, partitions=2)
     ctx = PipelineContext(kafka.bootstrap_servers, topic, out, str(tmp_path / "checkpoint"),
-                          trigger={"processingTime": "1 second"}, max_offsets_per_trigger=50)
+                          trigger=Trigger(processing_time="1 second"), max_offsets_per_trigger=50)
     query = start_example("kafka-transactional", spark, ctx)
     spark_log = SparkLog(ctx.checkpoint)
 
@@ -408,7 +409,7 @@ def test_a_second_driver_in_another_pid_namespace_with_the_same_host_name_does_n
     out = f"{topic}-out"
     create_topic(kafka, out, partitions=2)
     ctx = PipelineContext(kafka.bootstrap_servers, topic, out, str(tmp_path / "checkpoint"),
-                          trigger={"processingTime": "1 second"}, max_offsets_per_trigger=500)
+                          trigger=Trigger(processing_time="1 second"), max_offsets_per_trigger=500)
     env = {EXPIRY_ENV: str(LEASE_EXPIRY_S)}
     active = DriverProcess("kafka-transactional", ctx, str(crash_dir), tmp_path / "active.log", env)
     other = DriverProcess("kafka-transactional", ctx, str(crash_dir), tmp_path / "other.log", env,

@@ -30,7 +30,7 @@ from oncekit.connectors.kafka_admin import create_topic
 from oncekit.core.journal import Journal
 from oncekit.core.names import StagedFile, TransactionId
 from oncekit.core.protocol import Committable
-from oncekit.core.spark.query import start_query
+from oncekit.core.spark.query import Trigger, start_query
 from oncekit.core.spark_log import SparkLog
 from oncekit.status.app import StatusServer, StatusService
 from oncekit.status.collector import StatusCollector, Watched
@@ -82,7 +82,7 @@ def test_status_page_in_chromium_shows_progress_and_red_leftovers(
     sink = example_sink(EXAMPLE, kafka, postgres_dsn, unique_name)
     checkpoint = str(tmp_path / "checkpoint")
     query = start_query(example_frame(EXAMPLE, spark, kafka, topic, PER_BATCH), sink, checkpoint,
-                        trigger={"processingTime": "500 milliseconds"})
+                        trigger=Trigger(processing_time="500 milliseconds"))
     with contextlib.ExitStack() as cleanup:
         cleanup.callback(query.stop)
         # Left on purpose: a prepared transaction under a kit-format id of a sink no running query

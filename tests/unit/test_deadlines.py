@@ -12,7 +12,7 @@ import pytest
 from oncekit.core.deadline import bounded
 from oncekit.core.errors import ConfigError, QueryStuckError, StallError
 from oncekit.core.restart import restartable
-from oncekit.core.spark.query import BATCH_TIMEOUT_CONF, batch_timeout_s
+from oncekit.core.spark.query import BATCH_TIMEOUT_CONF, Trigger, batch_timeout_s
 from oncekit.core.stalls import StallLog
 
 
@@ -41,9 +41,9 @@ class _Session:
 
 
 def test_batch_timeout_default_is_five_minutes_or_ten_triggers_whichever_is_longer() -> None:
-    assert batch_timeout_s(_Session(), {"processingTime": "1 second"}, None) == 300  # type: ignore[arg-type]
-    assert batch_timeout_s(_Session(), {"processingTime": "1 minute"}, None) == 600  # type: ignore[arg-type]
-    assert batch_timeout_s(_Session(), {"availableNow": True}, None) == 300  # type: ignore[arg-type]
+    assert batch_timeout_s(_Session(), Trigger(processing_time="1 second"), None) == 300  # type: ignore[arg-type]
+    assert batch_timeout_s(_Session(), Trigger(processing_time="1 minute"), None) == 600  # type: ignore[arg-type]
+    assert batch_timeout_s(_Session(), Trigger(available_now=True), None) == 300  # type: ignore[arg-type]
     assert batch_timeout_s(_Session(**{BATCH_TIMEOUT_CONF: "90"}), None, None) == 90  # type: ignore[arg-type]
     assert batch_timeout_s(_Session(**{BATCH_TIMEOUT_CONF: "90"}), None, 30) == 30  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match=BATCH_TIMEOUT_CONF):
@@ -168,3 +168,13 @@ def test_a_trigger_that_plans_no_batch_for_longer_than_the_batch_timeout_is_a_st
     assert isinstance(watchdog.stall, StallError), "the watchdog let a trigger plan nothing for ever"
     assert "query q" in str(watchdog.stall) and "Getting offsets from oncekit-kafka" in str(watchdog.stall)
     assert not query.isActive
+
+
+def test_a_trigger_is_spark_s_keywords_checked_when_made() -> None:
+    assert Trigger(processing_time="10 seconds").keywords() == {"processingTime": "10 seconds"}
+    assert Trigger(available_now=True).keywords() == {"availableNow": True}
+    assert Trigger().keywords() == {}
+    with pytest.raises(ConfigError, match="give processing_time or available_now, not both"):
+        Trigger(processing_time="1 second", available_now=True)
+    with pytest.raises(ConfigError, match=r"processing_time '5 secs please' is not an interval Spark reads"):
+        Trigger(processing_time="5 secs please")
