@@ -56,6 +56,20 @@ def load(example: str, env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> 
     return module
 
 
+def exactly_once_in_table(query: Any, expected: list[str], dsn: str, table: str) -> None:
+    """Wait (up to 120 s) until ``table`` holds as many rows as ``expected``, stop ``query``, and
+    check the table's event ids equal ``expected`` as multisets."""
+    try:
+        deadline = time.monotonic() + 120
+        while len(table_ids(dsn, table)) < len(expected) and time.monotonic() < deadline:
+            assert query.exception() is None, query.exception()
+            time.sleep(0.5)
+    finally:
+        query.stop()
+    verdict = compare(expected, table_ids(dsn, table))
+    assert verdict.exactly_once, verdict.summary()
+
+
 def table_ids(dsn: str, table: str) -> list[str]:
     with psycopg.connect(dsn) as conn:
         return [row[0] for row in conn.execute(f"SELECT event_id FROM {table}")]
@@ -75,15 +89,7 @@ def test_documented_example_writes_every_payment_exactly_once(
                             "CHECKPOINTS": str(tmp_path), "TOPIC": topic, "TABLE": unique_name,
                             "UPDATES_TOPIC": updates}, monkeypatch)
     query = module.start(spark)
-    try:
-        deadline = time.monotonic() + 120
-        while len(table_ids(postgres_dsn, unique_name)) < len(expected) and time.monotonic() < deadline:
-            assert query.exception() is None, query.exception()
-            time.sleep(0.5)
-    finally:
-        query.stop()
-    verdict = compare(expected, table_ids(postgres_dsn, unique_name))
-    assert verdict.exactly_once, verdict.summary()
+    exactly_once_in_table(query, expected, postgres_dsn, unique_name)
     if example == "fan_out":
         sent = [json.loads(value)["event_id"] for value in read_committed(kafka, updates, len(expected))]
         verdict = compare(expected, sent)
@@ -117,12 +123,4 @@ def test_the_readmes_job_writes_every_record_with_an_event_id_exactly_once(
     module: dict[str, Any] = {}
     exec(compile(code, "README.md", "exec"), module)  # noqa: S102 - the README's own code
     query = module["start"](spark)
-    try:
-        deadline = time.monotonic() + 120
-        while len(table_ids(postgres_dsn, unique_name)) < len(expected) and time.monotonic() < deadline:
-            assert query.exception() is None, query.exception()
-            time.sleep(0.5)
-    finally:
-        query.stop()
-    verdict = compare(expected, table_ids(postgres_dsn, unique_name))
-    assert verdict.exactly_once, verdict.summary()
+    exactly_once_in_table(query, expected, postgres_dsn, unique_name)
