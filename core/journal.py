@@ -90,11 +90,15 @@ class Journal:
         since is seen at the next step, as if it had come a moment later."""
         return list_names(self.fs, self.directory)
 
+    def _names(self, names: list[str] | None) -> list[str]:
+        """``names`` when the caller listed the folder this step, else the folder's names now."""
+        return self.listing() if names is None else names
+
     def read_all(self, batch_id: int, names: list[str] | None = None) -> dict[int, list[Committable]]:
         """Every run's entry of ``batch_id``, by epoch (an entry pruned meanwhile is left out),
         among ``names`` (default: the folder's now)."""
         found: dict[int, list[Committable]] = {}
-        for epoch, name in self._entries_of(self.listing() if names is None else names).get(batch_id, []):
+        for epoch, name in self._entries_of(self._names(names)).get(batch_id, []):
             try:
                 payload = json.loads(read_bytes(self.fs, f"{self.directory}/{name}"))
             except FileNotFoundError:
@@ -104,7 +108,7 @@ class Journal:
 
     def epochs_of(self, batch_ids: set[int], names: list[str] | None = None) -> dict[int, set[int]]:
         """For each of ``batch_ids``, the epochs that journaled it (among ``names``, as :meth:`read_all`)."""
-        found = self._entries_of(self.listing() if names is None else names)
+        found = self._entries_of(self._names(names))
         return {b: {epoch for epoch, _ in found.get(b, [])} for b in batch_ids}
 
     @staticmethod
@@ -123,7 +127,7 @@ class Journal:
 
     def entries(self, names: list[str] | None = None) -> tuple[set[int], set[int]]:
         """(journaled batch ids, the ones of them marked done), among ``names`` (as :meth:`read_all`)."""
-        names = self.listing() if names is None else names
+        names = self._names(names)
         return set(self._entries_of(names)), batch_ids(names, ".done")
 
     def mark_done(self, batch_id: int) -> None:
@@ -133,7 +137,7 @@ class Journal:
         """Every run's entry of the batch among ``names`` (as :meth:`read_all`), then its mark:
         pruning (done, and older than anything Spark keeps), or a savepoint's copy dropping what
         Spark never completed."""
-        for _, name in self._entries_of(self.listing() if names is None else names).get(batch_id, []):
+        for _, name in self._entries_of(self._names(names)).get(batch_id, []):
             delete_file(self.fs, f"{self.directory}/{name}")
         delete_file(self.fs, self._path(batch_id, ".done"))
 
@@ -171,7 +175,7 @@ class Journal:
     def sweep(self, before_batch: int, names: list[str] | None = None) -> None:
         """Driver, pruning: delete temporaries that killed writers left for batches before
         ``before_batch`` (their entries are final or gone), among ``names`` (as :meth:`read_all`)."""
-        for name in self.listing() if names is None else names:
+        for name in self._names(names):
             stem = (temporary_target(name) or "").split(".", 1)[0]
             if stem.isdigit() and int(stem) < before_batch:
                 delete_file(self.fs, f"{self.directory}/{name}")

@@ -71,7 +71,7 @@ _drivers: dict[int, str] = {}  # the harness's process pid -> the driver's name 
 def main(spec_text: str) -> int:
     """The driver process: ``python -m oncekit.verify '<spec json>'``."""
     from oncekit.core.restart import ExponentialBackoff, supervise
-    from oncekit.core.spark.query import BATCH_TIMEOUT_CONF, Trigger
+    from oncekit.core.spark.query import BATCH_TIMEOUT_CONF
     from oncekit.core.spark.session import spark_session
     from oncekit.core.spark.standby import serve_as_standby
     from oncekit.sources.warm_up import WARM_UP_MODULES, analyze_for_warm_up
@@ -81,8 +81,8 @@ def main(spec_text: str) -> int:
     context = {**spec["context"], "dsn": os.environ.get("ONCEKIT_VERIFY_DSN", ""),
                "kafka_client": json.loads(os.environ.get("ONCEKIT_VERIFY_KAFKA_CLIENT") or "{}")}
     if spec["drain"]:
-        context["trigger"] = Trigger(available_now=True)
-    ctx = PipelineContext(**context)
+        context["trigger"] = {"available_now": True}
+    ctx = PipelineContext.from_dict(context)
     timeline = Timeline(ctx.checkpoint)
     timeline.note("process")
     build = resolve(spec["pipeline"])

@@ -20,8 +20,8 @@ from oncekit.core.crash import POINTS
 from oncekit.core.errors import ConfigError
 
 if TYPE_CHECKING:
-    from oncekit.core.spark.query import Trigger
     from oncekit.core.protocol import SinkConfig
+    from oncekit.core.spark.query import Trigger
     from oncekit.sinks.kafka.config import KafkaProtocol
     from oncekit.sinks.postgres.config import PostgresProtocol
 
@@ -79,9 +79,11 @@ class PipelineContext:
     max_offsets_per_trigger: int = PER_BATCH
     kafka_client: dict[str, str] = field(default_factory=dict, repr=False)  # security settings: secret
 
-    def __post_init__(self) -> None:
-        if isinstance(self.trigger, dict):  # read back from JSON (the harness's driver process)
-            object.__setattr__(self, "trigger", _trigger(**self.trigger))
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PipelineContext:
+        """The context ``dataclasses.asdict`` made into ``data`` (as JSON crosses to a driver
+        process), its trigger made a :class:`~oncekit.Trigger` again."""
+        return cls(**{**data, "trigger": _trigger(**data["trigger"])}) if "trigger" in data else cls(**data)
 
     @property
     def kafka(self) -> KafkaConfig:

@@ -92,6 +92,11 @@ class Trigger:
             raise ConfigError(f"Trigger: processing_time {self.processing_time!r} is not an interval Spark reads; "
                               "give a number and a unit: '500 milliseconds', '10 seconds', '1 minute'")
 
+    @property
+    def interval_s(self) -> float:
+        """The processing-time interval in seconds (0 for none)."""
+        return 0.0 if self.processing_time is None else _seconds(self.processing_time) or 0.0
+
     def keywords(self) -> dict[str, Any]:
         """What ``DataStreamWriter.trigger`` takes for this trigger (nothing: Spark's default)."""
         if self.available_now:
@@ -113,8 +118,7 @@ def batch_timeout_s(spark: SparkSession, trigger: Trigger | None, given: float |
         if not given > 0:
             raise ConfigError(f"batch timeout {given}: give a number of seconds above 0 (inf for none)")
         return float(given)
-    interval = _seconds(trigger.processing_time) if trigger is not None and trigger.processing_time else None
-    return max(DEFAULT_BATCH_TIMEOUT_S, DEFAULT_BATCH_TIMEOUT_TRIGGERS * (interval or 0.0))
+    return max(DEFAULT_BATCH_TIMEOUT_S, DEFAULT_BATCH_TIMEOUT_TRIGGERS * (trigger.interval_s if trigger else 0.0))
 
 
 _UNITS = {"ms": 0.001, "millisecond": 0.001, "s": 1.0, "sec": 1.0, "second": 1.0, "m": 60.0, "min": 60.0,

@@ -199,7 +199,7 @@ def test_a_server_whose_python_has_no_oncekit_is_named_at_start(
         "from oncekit.verify import PipelineContext, start_example\n"
         "spark = spark_session('no-kit-on-the-server')\n"
         "try:\n"
-        "    start_example(sys.argv[1], spark, PipelineContext(**json.loads(sys.argv[2])))\n"
+        "    start_example(sys.argv[1], spark, PipelineContext.from_dict(json.loads(sys.argv[2])))\n"
         "except Exception as exc:\n"
         "    print(type(exc).__name__, str(exc).splitlines()[0])\n"
         "spark.stop()\n"
