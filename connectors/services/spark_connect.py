@@ -49,7 +49,7 @@ class ConnectServer:
     def start(self, timeout_s: float = 180.0) -> str:
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.starts += 1
-        log = self.work_dir / f"connect-{self.starts}.log"
+        log = self.log
         python = self.env.get("PYSPARK_PYTHON") or os.environ.get("PYSPARK_PYTHON") or sys.executable
         conf = {"spark.connect.grpc.binding.port": str(self.port), "spark.connect.grpc.binding.address": "127.0.0.1",
                 "spark.pyspark.python": python, "spark.ui.enabled": "false", **self.conf}
@@ -73,6 +73,11 @@ class ConnectServer:
             time.sleep(0.2)
         logger.info("spark connect server up at %s (%s)", self.url, self.master)
         return self.url
+
+    @property
+    def log(self) -> Path:
+        """The current start's log."""
+        return self.work_dir / f"connect-{self.starts}.log"
 
     def kill(self) -> None:
         """SIGKILL to the server's session: the JVM and its Python workers die at once."""
