@@ -15,7 +15,26 @@ STAMP  := $(VENV)/.installed-stamp
 demo: install broker
 	$(VENV)/bin/oncekit demo
 
-test: install broker connector engine browser typecheck pytest
+# make test: the simulation of overlapping drivers (tests/sim) explores SIM_SCHEDULES schedules
+# of each protocol and of a fan-out in a pytest run of its own, started first and run beside the
+# set-up and the suite, in two processes at the lowest priority: it takes the CPU they leave idle
+# while they wait on builds, services, restarts and recoveries, so it adds to the wall time only
+# what is left of it when the suite ends (printed last). Both runs draw their faults from one
+# ONCEKIT_VERIFY_SEED.
+SIM_SCHEDULES ?= 10000
+SIM_LOG := .oncekit/simulation.log
+
+test: install compiled
+	mkdir -p .oncekit; \
+	export ONCEKIT_VERIFY_SEED=$${ONCEKIT_VERIFY_SEED:-$$(( $$(od -An -N4 -tu4 /dev/urandom) % 999999 + 1 ))}; \
+	ONCEKIT_SIM_SCHEDULES=$(SIM_SCHEDULES) ONCEKIT_SIM_PROCESSES=2 nice -n 19 \
+		$(PY) -m pytest -p no:cacheprovider tests/sim/test_simulation.py > $(SIM_LOG) 2>&1 & simulation=$$!; \
+	$(MAKE) --no-print-directory broker connector engine browser typecheck pytest \
+		PYTEST_IGNORE=--ignore=tests/sim/test_simulation.py; suite=$$?; \
+	ended=$$(date +%s); wait $$simulation; simulated=$$?; \
+	if [ $$simulated -eq 0 ]; then tail -n 14 $(SIM_LOG); else cat $(SIM_LOG); fi; \
+	echo "simulation: exit $$simulated, ended $$(( $$(date +%s) - ended )) s after the suite"; \
+	[ $$suite -eq 0 ] && [ $$simulated -eq 0 ]
 
 install: $(STAMP)
 
@@ -72,7 +91,8 @@ compiled: install
 PYTEST_ARGS ?= -n 2 --dist loadgroup --durations=30
 
 pytest: install compiled
-	. .oncekit/engine.env && ONCEKIT_TEST_BACKEND=$${ONCEKIT_TEST_BACKEND:-containers} $(PY) -m pytest $(PYTEST_ARGS)
+	. .oncekit/engine.env && ONCEKIT_TEST_BACKEND=$${ONCEKIT_TEST_BACKEND:-containers} $(PY) -m pytest $(PYTEST_ARGS) \
+		$(PYTEST_IGNORE)
 
 # Every campaign at full size, beside the suite (not in CI): the randomized campaigns on both
 # their pipelines with 100 faults each (the suite draws one, with 3), a 30-minute soak, the

@@ -5,17 +5,18 @@ recorded list replays it (0 past its end: the plain choice). Shrinking tries sho
 lists (cut the tail, drop a block, lower a value), keeps any that still fails, and stops when
 none does; the trace of what is left is printed step by step.
 
-``python -m tests.sim.explore PROTOCOL [--schedules N] [--seed S] [--replay SEED]``
+``python -m tests.sim.explore PROTOCOL [--schedules N] [--seed S] [--processes P] [--replay SEED]``
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import multiprocessing
 import random
 import sys
 import time
-from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 
 from tests.sim.scheduler import Choices
@@ -39,26 +40,46 @@ def run_one(scenario: Scenario, choices: Choices, trace: bool = False) -> tuple[
     return None, world
 
 
-def explore(scenario: Scenario, schedules: int, first_seed: int, stop_at_first: bool = True,
-            progress: Callable[[int], None] = lambda done: None) -> list[Failure]:
-    """Run ``schedules`` seeds from ``first_seed``; the failures (the first only, by default)."""
+CHUNK = 250
+"""Seeds a forked explorer runs at a time: small enough to spread a run evenly over the
+processes, large enough that forking costs nothing beside it."""
+
+
+def explore(scenario: Scenario, schedules: int, first_seed: int, processes: int = 1) -> Failure | None:
+    """Run ``schedules`` seeds from ``first_seed``; the first failure, or None. With
+    ``processes`` > 1 the seeds run in chunks of :data:`CHUNK` by that many forked processes;
+    each chunk stops at its first failure, the chunks not started yet are cancelled once one
+    failed, and the failure of the lowest seed among those that ran is returned."""
+    if processes <= 1 or schedules < 2 * CHUNK:
+        return _explore_range(scenario, first_seed, schedules)
+    chunks = [(first_seed + start, min(CHUNK, schedules - start)) for start in range(0, schedules, CHUNK)]
+    failures: list[Failure] = []
+    with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("fork")) as pool:
+        running = [pool.submit(_explore_range, scenario, seed, count) for seed, count in chunks]
+        for future in as_completed(running):
+            if future.cancelled():
+                continue
+            failure = future.result()
+            if failure is not None:
+                failures.append(failure)
+                for other in running:
+                    other.cancel()
+    return min(failures, key=lambda failure: failure.seed, default=None)
+
+
+def _explore_range(scenario: Scenario, first_seed: int, schedules: int) -> Failure | None:
     quiet = logging.getLogger("oncekit")
     level = quiet.level
     quiet.setLevel(logging.CRITICAL)
-    failures: list[Failure] = []
     try:
-        for index in range(schedules):
-            seed = first_seed + index
+        for seed in range(first_seed, first_seed + schedules):
             choices = Choices(seed)
             message, _ = run_one(scenario, choices)
             if message is not None:
-                failures.append(Failure(seed, choices.made, message))
-                if stop_at_first:
-                    break
-            progress(index + 1)
+                return Failure(seed, choices.made, message)
     finally:
         quiet.setLevel(level)
-    return failures
+    return None
 
 
 def shrink(scenario: Scenario, failure: Failure, budget: int = 400) -> list[int]:
@@ -117,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--schedules", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--replay", type=int, default=None, help="run one seed and print its trace")
+    parser.add_argument("--processes", type=int, default=1, help="explore in this many processes")
     args = parser.parse_args(argv)
     scenario = Scenario(args.protocol)
     if args.replay is not None:
@@ -126,11 +148,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if message else 0
     seed = args.seed if args.seed is not None else random.randrange(10**9)
     started = time.monotonic()
-    failures = explore(scenario, args.schedules, seed)
-    print(f"{args.protocol}: {args.schedules if not failures else failures[0].seed - seed + 1} schedules from seed "
-          f"{seed} in {time.monotonic() - started:.1f} s")
-    if failures:
-        print(report(scenario, failures[0], shrink(scenario, failures[0])))
+    failure = explore(scenario, args.schedules, seed, args.processes)
+    print(f"{args.protocol}: {args.schedules} schedules from seed {seed} in {time.monotonic() - started:.1f} s: "
+          f"{'seed ' + str(failure.seed) + ' failed' if failure else 'every invariant held'}")
+    if failure:
+        print(report(scenario, failure, shrink(scenario, failure)))
         return 1
     return 0
 
