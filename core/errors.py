@@ -130,18 +130,38 @@ _NAMED = re.compile(r"\boncekit\.core\.errors\.(\w+): ([^\n]*)")
 def as_oncekit_error(error: BaseException) -> BaseException:
     """``error`` as the kit's own class where it is one, or carries one: an error raised in a
     Python worker (a task on an executor, a stream writer's commit in the driver's planner
-    process) reaches the driver only as the text of Spark's StreamingQueryException, whose
-    traceback names the class (the last one named is the error that ended the worker). That
-    class is raised again on the driver with the worker's message, and Spark's exception as its
-    ``__cause__``, so ``except BadRecordError`` works in a job. Anything else is returned as it
-    is. Called by :meth:`~oncekit.core.spark.query.OncekitQuery.await_termination` and by the
+    process) reaches the driver only as the text of Spark's StreamingQueryException or of one
+    of its causes, whose traceback names the class (the outermost text that names one; in it,
+    the last one named is the error that ended the worker). That class is raised again on the
+    driver with the worker's message, and Spark's exception as its ``__cause__``, so ``except
+    BadRecordError`` works in a job. Anything else is returned as it is. Called by :meth:`~oncekit.core.spark.query.OncekitQuery.await_termination` and by the
     restart strategy."""
     if isinstance(error, OncekitError):
         return error
-    found = _NAMED.findall(str(error))
-    kind = globals().get(found[-1][0]) if found else None
-    if not (isinstance(kind, type) and issubclass(kind, OncekitError)):
-        return error
-    translated = kind(found[-1][1])
-    translated.__cause__ = error
-    return translated
+    for text in _texts(error):
+        found = [(name, message) for name, message in _NAMED.findall(text)
+                 if isinstance(kind := globals().get(name), type) and issubclass(kind, OncekitError)]
+        if found:
+            name, message = found[-1]
+            translated = globals()[name](message)
+            translated.__cause__ = error
+            return translated
+    return error
+
+
+def _texts(error: BaseException, depth: int = 8) -> list[str]:
+    """The texts of ``error`` and of its causes, outermost first. A kit error raised in the
+    stream writer Spark creates for a batch's driver-side commit is named only in a cause
+    ("Writing job failed." on top); pyspark keeps the converted Java cause in ``_cause``."""
+    texts: list[str] = []
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen and len(texts) < depth:
+        seen.add(id(current))
+        try:
+            texts.append(str(current))
+        except Exception:  # noqa: BLE001 - pyspark's text asks the JVM, which may be gone: the others still count
+            pass
+        cause = getattr(current, "_cause", None)
+        current = cause if isinstance(cause, BaseException) else current.__cause__
+    return texts
