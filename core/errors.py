@@ -139,11 +139,11 @@ def as_oncekit_error(error: BaseException) -> BaseException:
     if isinstance(error, OncekitError):
         return error
     for text in _texts(error):
-        found = [(name, message) for name, message in _NAMED.findall(text)
+        found = [(kind, message) for name, message in _NAMED.findall(text)
                  if isinstance(kind := globals().get(name), type) and issubclass(kind, OncekitError)]
         if found:
-            name, message = found[-1]
-            translated = globals()[name](message)
+            kind, message = found[-1]
+            translated: OncekitError = kind(message)
             translated.__cause__ = error
             return translated
     return error
