@@ -23,13 +23,16 @@ demo: install broker
 # ONCEKIT_VERIFY_SEED.
 SIM_SCHEDULES ?= 10000
 SIM_LOG := .oncekit/simulation.log
+# The suite's make, named without $(MAKE) in the recipe: make -n would run a recipe line that
+# names it, and so start the simulation, instead of printing it.
+SUBMAKE := $(MAKE)
 
 test: install compiled
 	mkdir -p .oncekit; \
 	export ONCEKIT_VERIFY_SEED=$${ONCEKIT_VERIFY_SEED:-$$(( $$(od -An -N4 -tu4 /dev/urandom) % 999999 + 1 ))}; \
 	ONCEKIT_SIM_SCHEDULES=$(SIM_SCHEDULES) ONCEKIT_SIM_PROCESSES=2 nice -n 19 \
 		$(PY) -m pytest -p no:cacheprovider tests/sim/test_simulation.py > $(SIM_LOG) 2>&1 & simulation=$$!; \
-	$(MAKE) --no-print-directory broker connector engine browser typecheck pytest \
+	$(SUBMAKE) --no-print-directory broker connector engine browser typecheck pytest \
 		PYTEST_IGNORE=--ignore=tests/sim/test_simulation.py; suite=$$?; \
 	ended=$$(date +%s); wait $$simulation; simulated=$$?; \
 	if [ $$simulated -eq 0 ]; then tail -n 14 $(SIM_LOG); else cat $(SIM_LOG); fi; \
