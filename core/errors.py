@@ -134,8 +134,8 @@ def as_oncekit_error(error: BaseException) -> BaseException:
     of its causes, whose traceback names the class (the outermost text that names one; in it,
     the last one named is the error that ended the worker). That class is raised again on the
     driver with the worker's message, and Spark's exception as its ``__cause__``, so ``except
-    BadRecordError`` works in a job. Anything else is returned as it is. Called by :meth:`~oncekit.core.spark.query.OncekitQuery.await_termination` and by the
-    restart strategy."""
+    BadRecordError`` works in a job. Anything else is returned as it is. Called by
+    :meth:`~oncekit.core.spark.query.OncekitQuery.await_termination` and by the restart strategy."""
     if isinstance(error, OncekitError):
         return error
     for text in _texts(error):

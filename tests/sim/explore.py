@@ -67,6 +67,11 @@ def explore(scenario: Scenario, schedules: int, first_seed: int, processes: int 
     return min(failures, key=lambda failure: failure.seed, default=None)
 
 
+def outcome(failure: Failure | None) -> str:
+    """What a run of schedules ended with, for its summary line."""
+    return f"seed {failure.seed} failed" if failure else "every invariant held"
+
+
 def _explore_range(scenario: Scenario, first_seed: int, schedules: int) -> Failure | None:
     quiet = logging.getLogger("oncekit")
     level = quiet.level
@@ -150,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     failure = explore(scenario, args.schedules, seed, args.processes)
     print(f"{args.protocol}: {args.schedules} schedules from seed {seed} in {time.monotonic() - started:.1f} s: "
-          f"{'seed ' + str(failure.seed) + ' failed' if failure else 'every invariant held'}")
+          f"{outcome(failure)}")
     if failure:
         print(report(scenario, failure, shrink(scenario, failure)))
         return 1

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from tests.docs.console import console_commands
-from tests.sim.explore import explore, report, shrink
+from tests.sim.explore import explore, outcome, report, shrink
 from tests.sim.world import PROTOCOLS, Scenario
 
 SCHEDULES_ENV = "ONCEKIT_SIM_SCHEDULES"
@@ -42,7 +42,7 @@ def test_every_schedule_of_overlapping_drivers_leaves_each_target_exactly_once(
     took = time.monotonic() - started
     campaign_tables.append(f"simulation {protocol}: {schedules} schedules from seed {first_seed(protocol)} in "
                            f"{processes} process(es), {took:.0f} s: "
-                           f"{'seed ' + str(failure.seed) + ' failed' if failure else 'every invariant held'}")
+                           f"{outcome(failure)}")
     if failure:
         pytest.fail(report(scenario, failure, shrink(scenario, failure)), pytrace=False)
 
