@@ -105,7 +105,7 @@ pytest: install compiled
 # overlapping drivers with 200,000 schedules per protocol and fan-out (1,200,000 in all), and a
 # user's job on each older PySpark of the compatibility table (tests/eos/test_compat.py). The seed
 # is drawn and printed as in make test (ONCEKIT_VERIFY_SEED to repeat a run).
-CAMPAIGNS := tests/eos/test_verify_campaign.py tests/eos/test_soak.py tests/eos/test_standby.py tests/eos/test_kafka_cluster.py \
+CAMPAIGNS := tests/eos/test_verify_campaign.py tests/eos/test_verify_as_written.py tests/eos/test_soak.py tests/eos/test_standby.py tests/eos/test_kafka_cluster.py \
 	tests/eos/test_kafka_sinks.py tests/eos/test_postgres_sinks.py tests/sim/test_simulation.py tests/eos/test_compat.py
 
 test-long: install broker connector engine compiled

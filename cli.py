@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from typing import Any
 
@@ -50,9 +51,11 @@ def _verify(args: argparse.Namespace) -> int:
     if args.soak:
         return command.soak(args.pipeline or "fan-out-postgres-kafka-wal", args.soak, args.seed, args.backend,
                             args.rate, args.fault_every, args.sample_every, args.json, args.periodic_faults)
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # module:function from where the command runs, as python -m finds it
     return command.main(args.pipeline or "postgres-two-phase-commit", args.faults, args.seed, args.guarantee,
                         args.backend, args.duplicates, args.malformed, args.late, args.json, args.brokers,
-                        args.secured, args.service_faults)
+                        args.secured, args.service_faults, args.input)
 
 
 def _produce(args: argparse.Namespace) -> int:
@@ -260,6 +263,8 @@ def parser() -> argparse.ArgumentParser:
     check = commands.add_parser("verify", help="inject faults into a pipeline and check its output")
     check.add_argument("--pipeline", help=f"one of the kit's examples ({', '.join(EXAMPLES)}) or module:function "
                        "(default postgres-two-phase-commit; for --soak fan-out-postgres-kafka-wal)")
+    check.add_argument("--input", metavar="FILE", help="your job's input, one record value per line: feeds a job "
+                       "as written, start(spark), which is judged against its own run without faults")
     check.add_argument("--guarantee", choices=GUARANTEES,
                        help="what to check (default: what the example promises; exactly-once for yours)")
     kinds = check.add_mutually_exclusive_group()

@@ -15,6 +15,7 @@ Runs are reproducible from a seed: the fault schedule is drawn from ``random.Ran
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import tempfile
 import time
@@ -33,6 +34,7 @@ from oncekit.core.crash import POINTS, arm, disarm, fired_at
 from oncekit.core.errors import ConfigError
 from oncekit.core.journal import Journal
 from oncekit.core.spark_log import SparkLog
+from oncekit.verify.as_written import JobInput, JobOutput, clean_run
 from oncekit.verify.checker import GUARANTEES, Verdict, compare
 from oncekit.verify.clusterfaults import ClusterFaults
 from oncekit.verify.driver import DriverProcess
@@ -55,28 +57,30 @@ class Campaign:
     def __init__(self, pipeline: str, services: Services, name: str, work: Path,
                  chunk: int = CHUNK, per_batch: int = PER_BATCH, env: dict[str, str] | None = None,
                  catch_up_s: float = 240.0, quiet_s: float = 30.0, upstream: Upstream | None = None,
-                 spark_cluster: StandaloneCluster | None = None) -> None:
-        self.pipeline, self.services, self.work = pipeline, services, work
-        self.kind = sink_kind(pipeline)
+                 spark_cluster: StandaloneCluster | None = None, job: JobInput | None = None) -> None:
+        self.pipeline, self.services, self.work, self.job = pipeline, services, work, job
+        self.kind = "job" if job is not None else sink_kind(pipeline)
         self.kafka = services.kafka.config
         self.chunk, self.catch_up_s, self.quiet_s = chunk, catch_up_s, quiet_s
-        topic = f"verify-{name}".replace("_", "-")
-        output = f"{topic}-out" if self.kind == "kafka" else f"verify_{name}".replace("-", "_")
-        self.ctx = PipelineContext(services.kafka.bootstrap_servers, topic, output, str(work / "checkpoint"),
-                                   services.postgres.dsn, max_offsets_per_trigger=per_batch,
-                                   kafka_client=dict(services.kafka.client))
+        self.ctx = campaign_context(services, name, self.kind, work, per_batch)
+        topic, output = self.ctx.input_topic, self.ctx.output
         self.spark_log = SparkLog(self.ctx.checkpoint)
         self.crash_dir = str(work / "crash")
         Path(self.crash_dir).mkdir(parents=True, exist_ok=True)
         create_topic(self.kafka, topic, partitions=2)
-        prepare_target(pipeline, self.kafka, services.postgres.dsn, output)
-        if self.kind != "kafka":
-            install_holds(services.postgres.dsn, output)
+        self.target: PipelineOutput | JobOutput
+        if job is not None:  # a job as written: it names its tables, the harness creates them (as_written)
+            self.target = JobOutput(self.kafka, services.postgres.dsn, self.ctx.checkpoint, output)
+        else:
+            prepare_target(pipeline, self.kafka, services.postgres.dsn, output)
+            if self.kind != "kafka":
+                install_holds(services.postgres.dsn, output)
+            self.target = PipelineOutput(self.kind, self.kafka, services.postgres.dsn, output)
         self.postgres_faults = PostgresFaults(services.postgres, output, self.crash_dir)
-        self.cluster_faults = ClusterFaults(services.kafka, output if self.kind != "postgres" else topic,
+        self.cluster_faults = ClusterFaults(services.kafka, output if self.kind in ("kafka", "fan-out") else topic,
                                             self.crash_dir, self.spark_log, spark_cluster)
-        self.target = PipelineOutput(self.kind, self.kafka, services.postgres.dsn, output)
-        self.driver = DriverProcess(pipeline, self.ctx, self.crash_dir, work / "driver.log", env or {})
+        self.driver = DriverProcess(pipeline, self.ctx, self.crash_dir, work / "driver.log", env or {},
+                                    as_written=job is not None)
         self.expected: list[int] = []
         self.upstream = upstream
         self.produced = 0
@@ -118,8 +122,12 @@ class Campaign:
         if fault.kind == "crash":  # the next batch, the first to read the chunk produced below
             arm(self.crash_dir, fault.point or "", (self.batch_in_flight() or 0) + 1)
         self.cluster_faults.before_input(fault)
-        self.expected += produce_input(self.kafka, self.ctx.input_topic, self.chunk, first=self.produced,
-                                       upstream=self.upstream)
+        if self.job is not None and isinstance(self.target, JobOutput):
+            self.job.produce(self.kafka, self.ctx.input_topic, self.target.produced)
+            self.target.produced += 1
+        else:
+            self.expected += produce_input(self.kafka, self.ctx.input_topic, self.chunk, first=self.produced,
+                                           upstream=self.upstream)
         self.produced += self.chunk
         ended, batch = self.inject(fault)
         caught_up, ended, batch, next_commit, timed_out = self._await_output(fault, ended, batch)
@@ -259,26 +267,39 @@ def run_campaign(pipeline: str, services: Services, faults: int | list[Fault], s
                  guarantee: str | None = None, progress: Callable[[int, int, FaultResult], None] | None = None,
                  chunk: int = CHUNK, per_batch: int = PER_BATCH, env: dict[str, str] | None = None,
                  work_dir: str | None = None, upstream: Upstream | None = None,
-                 spark_cluster: StandaloneCluster | None = None, services_only: bool = False) -> CampaignReport:
+                 spark_cluster: StandaloneCluster | None = None, services_only: bool = False,
+                 records: list[bytes] | None = None,
+                 notes: Callable[[str], None] = lambda line: None) -> CampaignReport:
     """Run ``pipeline`` under ``faults`` (a count drawn from ``seed``, or a given schedule) and
     check every verdict against ``guarantee`` (default: what the example promises, else
     exactly-once). On a Kafka cluster of three brokers or more, a drawn schedule includes the
     broker faults when the pipeline writes to Kafka; ``spark_cluster`` (the standalone cluster
     the driver's ``SPARK_MASTER`` in ``env`` names) lets a schedule kill its executors;
-    ``services_only`` draws service faults only (see :func:`~oncekit.verify.faults.schedule`)."""
+    ``services_only`` draws service faults only (see :func:`~oncekit.verify.faults.schedule`).
+
+    ``records``: ``pipeline`` is a job as written (``start(spark)``, :mod:`~oncekit.verify.as_written`),
+    fed these records in one chunk per fault and judged against its own clean run (``notes`` hears
+    how that run goes)."""
     example = EXAMPLES.get(pipeline)
+    job = records is not None
+    kind = "job" if job else sink_kind(pipeline)
     guarantee = guarantee or (example.guarantee if example else "exactly-once")
     if guarantee not in GUARANTEES:
         raise ConfigError(f"guarantee {guarantee!r}: choose one of {', '.join(GUARANTEES)}")
     plan = faults if isinstance(faults, list) else schedule(
         seed, faults, example.points if example else POINTS, network_cuts=services.backend == "containers",
-        kafka_cluster=len(services.kafka.brokers) >= 3 and sink_kind(pipeline) != "postgres",
-        postgres_steps=postgres_steps(sink_kind(pipeline), example.protocol if example else None),
-        services_only=services_only, postgres=sink_kind(pipeline) != "kafka")
+        kafka_cluster=len(services.kafka.brokers) >= 3 and kind in ("kafka", "fan-out"),
+        postgres_steps=() if job else postgres_steps(kind, example.protocol if example else None),
+        services_only=services_only, postgres=kind != "kafka")
     name = f"{pipeline.replace(':', '-').replace('.', '-')}-{seed}-{time.time_ns() % 10**9}"
     with _work(work_dir) as work:
+        job_input = JobInput(records, len(plan)) if records is not None else None
         campaign = Campaign(pipeline, services, name, work, chunk, per_batch, env, upstream=upstream,
-                            spark_cluster=spark_cluster)
+                            spark_cluster=spark_cluster, job=job_input)
+        if job_input is not None and isinstance(campaign.target, JobOutput):
+            clean = campaign_context(services, f"{name}-clean", "job", work / "clean", per_batch)
+            create_topic(campaign.kafka, clean.input_topic, partitions=2)
+            campaign.target.expected = clean_run(pipeline, job_input, clean, campaign.kafka, work / "clean", notes)
         results: list[FaultResult] = []
         try:
             for index, fault in enumerate(plan):
@@ -292,6 +313,18 @@ def run_campaign(pipeline: str, services: Services, faults: int | list[Fault], s
         log = (work / "driver.log").read_text(errors="replace")[-4000:] if (work / "driver.log").exists() else ""
         log = "\n".join([*campaign.stalls, log])
         return CampaignReport(pipeline, seed, guarantee, results, final.name, left, log)
+
+
+def campaign_context(services: Services, name: str, kind: str, work: Path, per_batch: int) -> PipelineContext:
+    """Where a campaign's run of a pipeline of ``kind`` reads and writes: input topic
+    ``verify-<name>``; output ``verify_<name>`` (a topic: ``verify-<name>-out``; a job as written:
+    a short prefix of the names it gives, which PostgreSQL keeps within 63 characters)."""
+    topic = f"verify-{name}".replace("_", "-")
+    output = {"kafka": f"{topic}-out", "job": f"vj_{hashlib.sha1(name.encode()).hexdigest()[:10]}"}.get(
+        kind, f"verify_{name}".replace("-", "_"))
+    return PipelineContext(services.kafka.bootstrap_servers, topic, output, str(work / "checkpoint"),
+                           services.postgres.dsn, max_offsets_per_trigger=per_batch,
+                           kafka_client=dict(services.kafka.client))
 
 
 @contextmanager

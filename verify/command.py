@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from oncekit.connectors.services import start_services
+from oncekit.verify.as_written import job_records
 from oncekit.verify.campaign import run_campaign
 from oncekit.verify.io import Upstream
 from oncekit.verify.report import FaultResult, table, write_json
@@ -18,10 +19,12 @@ from oncekit.verify.soak import table as soak_table
 
 def main(pipeline: str, faults: int, seed: int, guarantee: str | None, backend: str, duplicates: float,
          malformed: float, late: float, json_path: str | None, brokers: int = 1, secured: bool = False,
-         services_only: bool = False) -> int:
+         services_only: bool = False, input_path: str | None = None) -> int:
     """Returns the exit code: 0 when every verdict meets the guarantee and nothing stalled.
     ``brokers``: a Kafka cluster of that many brokers (3: the schedule adds the broker faults);
-    ``services_only``: service faults only."""
+    ``services_only``: service faults only; ``input_path``: a job as written's input
+    (:func:`~oncekit.verify.as_written.job_records`)."""
+    records = job_records(pipeline, input_path)
 
     def progress(done: int, total: int, result: FaultResult) -> None:
         bar = "#" * (20 * done // total)
@@ -35,12 +38,13 @@ def main(pipeline: str, faults: int, seed: int, guarantee: str | None, backend: 
     with started.running() as services:
         upstream = Upstream(duplicates, malformed, late, seed)
         report = run_campaign(pipeline, services, faults, seed, guarantee, progress, upstream=upstream,
-                              services_only=services_only)
+                              services_only=services_only, records=records, notes=lambda line: print(line, flush=True))
     print(table(report))
     if json_path:
         write_json(json_path, report)
     if not report.passed:
-        print(f"not {report.guarantee} and live; reproduce with: oncekit verify --pipeline {pipeline} "
+        given = f" --input {input_path}" if input_path else ""
+        print(f"not {report.guarantee} and live; reproduce with: oncekit verify --pipeline {pipeline}{given} "
               f"--faults {faults} --seed {seed} --duplicates {duplicates} --malformed {malformed} "
               f"--late {late} --brokers {brokers}{' --service-faults' if services_only else ''}  "
               f"(schedule: {'; '.join(r.fault for r in report.results)})")

@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,7 @@ campaign's catch-up window."""
 
 def start_driver(pipeline: str, ctx: PipelineContext, crash_dir: str, drain: bool = False,
                  log: Path | None = None, env: dict[str, str] | None = None,
-                 standby: bool = False, prefix: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
+                 standby: bool = False, prefix: tuple[str, ...] = (), as_written: bool = False) -> subprocess.Popen[bytes]:
     """Start the driver process of ``pipeline`` (``python -m oncekit.verify``) in a session of its
     own, so that SIGKILL takes it and its Spark JVM together, with crash points read from
     ``crash_dir``. ``drain``: run until the input is drained (availableNow), once, without
@@ -41,10 +42,12 @@ def start_driver(pipeline: str, ctx: PipelineContext, crash_dir: str, drain: boo
     ``standby``: start Spark, then wait until no other driver holds the query's lease
     (:func:`~oncekit.core.spark.standby.stand_by`) before running it. ``prefix``: a command the
     driver runs under (``unshare --pid --fork --mount-proc``: a driver in a pid namespace of its
-    own, as in a container that shares the host's name)."""
+    own, as in a container that shares the host's name). ``as_written``: ``pipeline`` is a job as
+    written, ``start(spark)``, run with its services redirected to ``ctx``'s
+    (:mod:`~oncekit.verify.as_written`)."""
     # Secrets (the DSN's password, Kafka's SASL settings) go by environment, not on the command line.
     spec = {"pipeline": pipeline, "context": {**asdict(ctx), "dsn": "", "kafka_client": {}}, "drain": drain,
-            "standby": standby}
+            "standby": standby, "as_written": as_written}
     driver = uuid.uuid4().hex
     environment = {**os.environ, **(env or {}), CRASH_DIR_ENV: crash_dir, "ONCEKIT_VERIFY_DSN": ctx.dsn,
                    "ONCEKIT_VERIFY_KAFKA_CLIENT": json.dumps(ctx.kafka_client), DRIVER_ENV: driver}
@@ -85,7 +88,14 @@ def main(spec_text: str) -> int:
     ctx = PipelineContext.from_dict(context)
     timeline = Timeline(ctx.checkpoint)
     timeline.note("process")
-    build = resolve(spec["pipeline"])
+    if spec.get("as_written"):
+        from oncekit.verify.as_written import install
+
+        install(ctx)  # before the job's module is imported: its imports of the kit read the redirect
+    build: Callable[[Any, PipelineContext], Any] = resolve(spec["pipeline"])
+    if spec.get("as_written"):
+        job: Callable[..., Any] = build
+        build = lambda spark, ctx: job(spark)  # noqa: E731 - the job as written takes the session only
     # Spark retries a failed task (local[cores,maxFailures] in local mode; a cluster's own conf else).
     master = os.environ.get("SPARK_MASTER") or "local[2,4]"
     # The harness's executors run on this machine, in this interpreter, on a cluster as well; no UI.
@@ -192,6 +202,7 @@ class DriverProcess:
     env: dict[str, str]
     standby: bool = False  # a standby driver (:func:`~oncekit.core.spark.standby.stand_by`)
     prefix: tuple[str, ...] = ()  # a command the driver runs under (:func:`start_driver`)
+    as_written: bool = False  # a job as written (:func:`start_driver`)
     process: subprocess.Popen[bytes] | None = None
     restarts: int = 0
     launched: float = 0.0  # wall-clock time of the last (re)start
@@ -207,7 +218,7 @@ class DriverProcess:
             logger.info("verify: driver exited with %s; restarting it", self.process.returncode)  # type: ignore[union-attr]
         self.launched = time.time()
         self.process = start_driver(self.pipeline, self.ctx, self.crash_dir, log=self.log, env=self.env,
-                                    standby=self.standby, prefix=self.prefix)
+                                    standby=self.standby, prefix=self.prefix, as_written=self.as_written)
         if self.standby:  # the caller waits for its warm-up (wait_step("warm")) when it needs it
             return
         started = Path(self.ctx.checkpoint + ".started")
