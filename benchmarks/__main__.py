@@ -42,6 +42,8 @@ def installed(package: str) -> str:
 
 SPARK_OUTPUT = os.path.join(".oncekit", "bench", "spark-output.log")
 """Where what Spark's JVM and pyspark's workers print goes, out of the report."""
+REPORT = os.path.join(".oncekit", "bench", "report.md")
+"""The run's report as Markdown, as printed; docs/benchmarks.md shows a copy (docs/bench/last-run.md)."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,20 +56,35 @@ def main(argv: list[str] | None = None) -> int:
 def _run(options: Options) -> int:
     began = time.monotonic()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    printed: list[str] = []
+
+    def say(text: str) -> None:
+        print(text, flush=True)
+        printed.append(text)
+
     with bench(options) as b:
-        print(f"# set-up (services, input, Spark session): {time.monotonic() - began:.0f} s", flush=True)
-        print(f"# oncekit benchmarks: {options.describe()}; Spark {b.spark.sparkContext.master} on "
-              f"{os.cpu_count()} cores; services: {b.services.backend}; pyspark {installed('pyspark')}, "
-              f"confluent-kafka {installed('confluent-kafka')}; "
-              f"warm-up {options.warmup:,} records before each measured run; throughput figures are the fastest of "
-              f"{options.rounds} round{'s' if options.rounds > 1 else ''}.\n"
-              f"# A shared machine is noisy: compare the rows of one run, not runs.", flush=True)
+        say(f"# {time.strftime('%Y-%m-%d')}: set-up (services, input, Spark session) {time.monotonic() - began:.0f} s")
+        say(f"# oncekit benchmarks: {options.describe()}; Spark {b.spark.sparkContext.master} on "
+            f"{os.cpu_count()} cores; services: {b.services.backend}; pyspark {installed('pyspark')}, "
+            f"confluent-kafka {installed('confluent-kafka')}; "
+            f"warm-up {options.warmup:,} records before each measured run; throughput figures are the fastest of "
+            f"{options.rounds} round{'s' if options.rounds > 1 else ''}.")
+        say("# A shared machine is noisy: compare the rows of one run, not runs.")
         for name in options.groups:
             started = time.monotonic()
-            print(GROUPS[name](b).render(), flush=True)
-            print(f"# group {name}: {time.monotonic() - started:.0f} s", flush=True)
-    print(f"# all: {time.monotonic() - began:.0f} s", flush=True)
+            say(GROUPS[name](b).render())
+            say(f"# group {name}: {time.monotonic() - started:.0f} s")
+    say(f"# all: {time.monotonic() - began:.0f} s")
+    with open(REPORT, "w") as report:
+        report.write(markdown(printed))
+    print(f"# the report as Markdown: {REPORT}", flush=True)
     return 0
+
+
+def markdown(printed: list[str]) -> str:
+    """What the run printed, as a Markdown page's body: its comment lines (``# ...``) become
+    paragraphs, its tables stay as they are."""
+    return "\n".join(f"\n{text[2:]}\n" if text.startswith("# ") else text for text in printed) + "\n"
 
 
 if __name__ == "__main__":

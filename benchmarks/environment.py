@@ -142,11 +142,16 @@ class Bench:
         return self.services.postgres.dsn
 
 
+MAX_PREPARED_TRANSACTIONS = 300
+"""The bench's PostgreSQL server's: the partitions group's two-phase commit holds up to two
+batches of 128 writer partitions prepared at once."""
+
+
 @contextmanager
 def bench(options: Options) -> Iterator[Bench]:
     """Services, the session and the inputs; everything is stopped and removed on the way out."""
     connector = spark_kafka_connector()
-    with start_services(options.backend).running() as services:
+    with start_services(options.backend, max_prepared_transactions=MAX_PREPARED_TRANSACTIONS).running() as services:
         kafka = KafkaConfig(services.kafka.bootstrap_servers)
         measured = data.produce(kafka, "measured", options.records, options.record_bytes, options.partitions)
         warmup = (data.produce(kafka, "warmup", options.warmup, options.record_bytes, options.partitions)

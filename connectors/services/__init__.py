@@ -13,8 +13,8 @@ import json
 import logging
 import os
 import sys
-from pathlib import Path
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from oncekit.connectors.redact import redact_dsn
@@ -59,13 +59,16 @@ def start_secured_services() -> Services:
     return Services("local", kafka, postgres)
 
 
-def start_services(backend: str = "auto", kafka_brokers: int = 1, secured: bool = False) -> Services:
+def start_services(backend: str = "auto", kafka_brokers: int = 1, secured: bool = False,
+                   max_prepared_transactions: int | None = None) -> Services:
     """Start (or, for ``external``, find) Kafka and a PostgreSQL server and wait until both are
     ready: every broker answers metadata, a transactional producer initialises, the server
     accepts a connection. ``kafka_brokers``: 1 (the default, fastest), or a KRaft cluster of 3 or
     more, replicated as in production (see :func:`~oncekit.connectors.kafka.broker_properties`).
     A failure raises ServiceError and leaves nothing running. ``secured``: the local backend's
-    secured pair (:func:`start_secured_services`), one broker."""
+    secured pair (:func:`start_secured_services`), one broker. ``max_prepared_transactions``: the
+    PostgreSQL server's, when not :data:`~oncekit.connectors.postgres.MAX_PREPARED_TRANSACTIONS`
+    (two batches of two-phase commit hold up to twice their writer partitions)."""
     if secured:
         if backend not in ("auto", "local") or kafka_brokers != 1:
             raise ConfigError("secured services: the local backend with one broker only")
@@ -80,7 +83,8 @@ def start_services(backend: str = "auto", kafka_brokers: int = 1, secured: bool 
         return services
     kafka = start_kafka(chosen, kafka_brokers)
     try:
-        postgres = _postgres_type(chosen).create()
+        prepared = {} if max_prepared_transactions is None else {"max_prepared_transactions": max_prepared_transactions}
+        postgres = _postgres_type(chosen).create(**prepared)
     except BaseException:
         kafka.remove()
         raise

@@ -232,11 +232,12 @@ class ContainerPostgres(_ContainerService, PostgresService):
         self.dsn = f"postgresql://oncekit:{password}@127.0.0.1:{port}/oncekit"
 
     @classmethod
-    def create(cls, image: str | None = None) -> ContainerPostgres:
+    def create(cls, image: str | None = None,
+               max_prepared_transactions: int = MAX_PREPARED_TRANSACTIONS) -> ContainerPostgres:
         port, password = free_port(), secrets.token_urlsafe(16)
         env = {"POSTGRES_USER": "oncekit", "POSTGRES_PASSWORD": password, "POSTGRES_DB": "oncekit"}
         # fsync only matters for machine crashes; a killed or restarted server loses nothing without it.
-        command = ["postgres", "-c", f"max_prepared_transactions={MAX_PREPARED_TRANSACTIONS}", "-c", "fsync=off"]
+        command = ["postgres", "-c", f"max_prepared_transactions={max_prepared_transactions}", "-c", "fsync=off"]
         container_id = _run(image or postgres_image(), f"oncekit-postgres-{port}", env, {5432: port}, command)
         postgres = cls(container_id, port, password)
         logger.info("postgres: container %s on port %s", container_id[:12], port)

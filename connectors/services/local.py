@@ -322,12 +322,14 @@ class LocalPostgres(_LocalService, PostgresService):
     folder, see :meth:`create`) it accepts only TLS connections with scram-sha-256, and its DSN
     asks for ``sslmode=verify-full`` against that CA."""
 
-    def __init__(self, data_dir: Path, port: int, password: str, pid: int | None = None, tls: bool = False) -> None:
+    def __init__(self, data_dir: Path, port: int, password: str, pid: int | None = None, tls: bool = False,
+                 max_prepared_transactions: int = MAX_PREPARED_TRANSACTIONS) -> None:
         self.data_dir, self.port, self._password, self.tls = data_dir, port, password, tls
+        self.max_prepared_transactions = max_prepared_transactions
         self.dsn = f"postgresql://oncekit:{password}@127.0.0.1:{port}/oncekit"
         argv = [
             _postgres_bin("postgres"), "-D", str(data_dir / "data"), "-p", str(port), "-k", str(data_dir),
-            "-c", "listen_addresses=127.0.0.1", "-c", f"max_prepared_transactions={MAX_PREPARED_TRANSACTIONS}",
+            "-c", "listen_addresses=127.0.0.1", "-c", f"max_prepared_transactions={max_prepared_transactions}",
             # fsync only matters for machine crashes; a killed server loses nothing without it.
             "-c", "fsync=off",
         ]
@@ -340,7 +342,8 @@ class LocalPostgres(_LocalService, PostgresService):
         self._process = _Process(_as_postgres_user(argv), data_dir / "server.log", pid, signal.SIGINT)
 
     @classmethod
-    def create(cls, ca: CertificateAuthority | None = None) -> LocalPostgres:
+    def create(cls, ca: CertificateAuthority | None = None,
+               max_prepared_transactions: int = MAX_PREPARED_TRANSACTIONS) -> LocalPostgres:
         """A new cluster; with ``ca``, serving TLS with a certificate ``ca`` signs and refusing
         every connection that is not TLS with scram-sha-256 (pg_hba.conf has hostssl lines only)."""
         import secrets
@@ -362,7 +365,7 @@ class LocalPostgres(_LocalService, PostgresService):
             raise ServiceError(f"postgres: initdb failed: {result.stderr.strip()[-300:]}")
         if ca is not None:
             _install_tls(data_dir, ca)
-        postgres = cls(data_dir, free_port(), password, tls=ca is not None)
+        postgres = cls(data_dir, free_port(), password, tls=ca is not None, max_prepared_transactions=max_prepared_transactions)
         postgres.start(database="postgres")
         with connect(postgres.database_dsn("postgres"), autocommit=True) as conn:
             conn.execute("CREATE DATABASE oncekit")
@@ -385,11 +388,12 @@ class LocalPostgres(_LocalService, PostgresService):
 
     def state(self) -> dict[str, Any]:
         return {"data_dir": str(self.data_dir), "port": self.port, "password": self._password,
-                "pid": self._process.pid, "tls": self.tls}
+                "pid": self._process.pid, "tls": self.tls, "max_prepared_transactions": self.max_prepared_transactions}
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> LocalPostgres:
-        return cls(Path(state["data_dir"]), state["port"], state["password"], state["pid"], state.get("tls", False))
+        return cls(Path(state["data_dir"]), state["port"], state["password"], state["pid"], state.get("tls", False),
+                   state.get("max_prepared_transactions", MAX_PREPARED_TRANSACTIONS))
 
 
 def _install_tls(data_dir: Path, ca: CertificateAuthority) -> None:

@@ -29,3 +29,11 @@ def test_the_report_reaches_stdout_and_child_processes_chatter_goes_to_the_log(t
     assert "chatter" not in done.stderr and "an error of the bench" in done.stderr, done.stderr
     kept = log.read_text()
     assert "Starting Streaming TransformWithStateInPandas" in kept and "WARN TaskSetManager: chatter" in kept
+
+
+def test_the_report_as_markdown_keeps_the_tables_and_makes_comment_lines_paragraphs() -> None:
+    from benchmarks.__main__ import markdown
+
+    text = markdown(["# all: 12 s", "\n## 1. Source\nnote\n\n| case | s |\n|---|--:|\n| kit | 1.0 |"])
+    assert "\nall: 12 s\n" in text and "# all" not in text
+    assert "## 1. Source" in text and "| kit | 1.0 |" in text
