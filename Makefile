@@ -2,7 +2,8 @@
 #   make demo   the main job: services, Spark, Kafka in, PostgreSQL out
 #   make test   type check and the whole test suite on real Kafka and PostgreSQL (testcontainers)
 #   make test-long  every fault campaign at full size (100 faults each, a 30-minute soak)
-#   make bench  the benchmarks: the kit beside its peers in one run (BENCH_ARGS="--records 200000")
+#   make bench  the benchmarks: the kit beside its peers in one run (BENCH_ARGS="--records 200000");
+#               its report, .oncekit/bench/report.md, goes to docs/bench/last-run.md to publish the run
 #   make docs   the documentation site, strictly (a warning or an unresolved reference fails it), into .oncekit/docs
 
 PYTHON ?= python3

@@ -21,7 +21,7 @@ copyright = "the oncekit authors"  # noqa: A001 - Sphinx's name
 
 extensions = ["myst_parser", "sphinx.ext.autodoc", "cli_reference"]
 source_suffix = {".md": "markdown"}
-exclude_patterns = ["_build", "examples"]
+exclude_patterns = ["_build", "examples", "bench"]
 myst_heading_anchors = 3
 html_theme = "furo"
 html_title = f"oncekit {release}"
