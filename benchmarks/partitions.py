@@ -6,6 +6,8 @@ own source into noop, and by the kit's source into each exactly-once protocol. A
 task per input partition, so the per-task cost of a sink (its transaction, marker, connection)
 grows with the count while the baseline's does not. The figure is seconds per batch, from the
 query's start to its end over the batches it ran; ratios are to the baseline at the same count.
+Two protocols run once more with the stream coalesced to the session's parallelism before the
+sink (:data:`COALESCED`): as many writer tasks as cores, whatever the input's partition count.
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ SPARK_NOOP = "Spark's source -> noop"
 PROTOCOLS = ("postgres two-phase-commit", "postgres write-ahead-log", "postgres idempotent", "kafka transactional",
              "kafka write-ahead-log")
 """Every exactly-once protocol, as the cases name them."""
+COALESCED = ("postgres two-phase-commit", "kafka transactional")
+"""Protocols also measured with the stream coalesced to the session's parallelism before the sink:
+fewer writer tasks than input partitions (a case named ``<protocol>, coalesced``)."""
 
 
 def partitions_group(bench: Bench) -> Table:
@@ -54,15 +59,18 @@ def partitions_group(bench: Bench) -> Table:
         "kafka write-ahead-log": lambda output: kafka_sink(bench.servers, output, "write-ahead-log"),
     }
 
-    def into(protocol: str) -> Callable[[data.Input, str], Any]:
+    def into(protocol: str, coalesced: bool = False) -> Callable[[data.Input, str], Any]:
         def run(source: data.Input, output: str) -> None:
             frame = stream(source).select("key", "value") if protocol.startswith("kafka") else columns(stream(source))
+            if coalesced:
+                frame = frame.coalesce(bench.spark.sparkContext.defaultParallelism)
             kit_query(frame, sinks[protocol](output))
         return run
 
     cases = [Case(NOOP, lambda source, _: peers.run_available(stream(source).writeStream.format("noop"))),
              Case(SPARK_NOOP, lambda source, _: peers.run_available(stream(source, "spark").writeStream.format("noop"))),
-             *(Case(protocol, into(protocol), keyed=protocol.endswith("idempotent")) for protocol in PROTOCOLS)]
+             *(Case(protocol, into(protocol), keyed=protocol.endswith("idempotent")) for protocol in PROTOCOLS),
+             *(Case(f"{protocol}, coalesced", into(protocol, coalesced=True)) for protocol in COALESCED)]
 
     def prepare(case: Case, output: str) -> None:
         if case.name.startswith("postgres"):
