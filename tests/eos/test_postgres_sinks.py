@@ -206,3 +206,26 @@ def test_supervisor_restarts_crashed_query_from_checkpoint_exactly_once(
     verdict = compare(expected, table_ids(postgres_dsn, unique_name))
     assert verdict.exactly_once, verdict.summary()
     assert prepared_transactions(postgres_dsn, unique_name) == []
+
+
+@pytest.mark.xfail(strict=True, reason="issue 46, found by reading: a two-phase-commit task skips by its partition's "
+                   "marker, so a decided batch replayed with more writer partitions writes the new partitions again")
+def test_a_decided_batch_replayed_with_more_writer_partitions_is_not_written_twice(
+    spark: Any, kafka: KafkaConfig, postgres_dsn: str, topic: str, unique_name: str, tmp_path: Path, crash_dir: Path,
+) -> None:
+    """Batch 1 is decided (journal and decision) and the driver's commit dies before Spark logs
+    it; the job restarts with ``repartition(4)`` where it had ``repartition(2)``. Recovery commits
+    the decided batch; Spark replays it with four writer tasks."""
+    expected = produce_input(kafka, topic, COUNT)
+    create_table(postgres_dsn, unique_name, keyed=False)
+    sink = postgres_sink(postgres_dsn, unique_name, "two-phase-commit")
+    checkpoint = str(tmp_path / "checkpoint")
+    arm(crash_dir, "driver_after_journal", batch_id=1)
+    with pytest.raises(Exception):  # noqa: B017 - the crash point fails the query, as Spark wraps it
+        run_available_now(integers(spark, kafka, topic, PER_BATCH).repartition(2), sink, checkpoint)
+    assert fired(crash_dir) == ["driver_after_journal"]
+
+    run_available_now(integers(spark, kafka, topic, PER_BATCH).repartition(4), sink, checkpoint)
+
+    verdict = compare(expected, table_ids(postgres_dsn, unique_name))
+    assert verdict.exactly_once, verdict.summary()
