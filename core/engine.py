@@ -23,10 +23,11 @@ moment after the newer run looked, and its Spark may then log the batch complete
 could never tell such an entry from one that came too late, and aborting what it names would lose
 the batch. The decision is refused by the target once the newer epoch is there, so the newer run,
 which reads decisions after taking its epoch, sees every decision that will ever count. A
-decided batch is committed even before Spark logs it complete: its replay then finds its
-partitions committed and writes nothing (Spark replays a batch from the same offsets). A sink
-whose pre-commits hold nothing (staged files) needs no decision: nothing of it is deleted until
-its batch is done, so any entry of a completed batch can still be committed.
+decided batch is committed even before Spark logs it complete: its replay then finds it
+decided and writes nothing in any task, however it splits the batch (Spark replays a batch from
+the same offsets). A sink whose pre-commits hold nothing (staged files) needs no decision:
+nothing of it is deleted until its batch is done, so any entry of a completed batch can still
+be committed.
 """
 
 from __future__ import annotations

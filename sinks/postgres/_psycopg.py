@@ -175,11 +175,6 @@ class PsycopgTarget(PostgresTarget):
             return conn.execute(sql.SQL("SELECT 1 FROM {} WHERE transaction_id = %s").format(self._markers),
                                 (transaction_id,)).fetchone() is not None
 
-    def partition_committed(self, batch_id: int, partition_id: int) -> bool:
-        with self.session(idle_s=task_idle_s()) as conn:
-            return conn.execute(sql.SQL("SELECT 1 FROM {} WHERE sink_id = %s AND batch_id = %s AND partition_id = %s")
-                                .format(self._markers), (self.sink_id, batch_id, partition_id)).fetchone() is not None
-
     def begin(self, task: TaskInfo) -> PreparingTransaction:
         idle_s = task_idle_s()
         conn = self.take(autocommit=True, idle_s=idle_s)

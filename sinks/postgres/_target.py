@@ -116,10 +116,6 @@ class PostgresTarget(ABC):
         """Whether the committed marker of ``transaction_id`` is there."""
 
     @abstractmethod
-    def partition_committed(self, batch_id: int, partition_id: int) -> bool:
-        """Whether a committed marker of (sink, batch, partition) is there."""
-
-    @abstractmethod
     def begin(self, task: TaskInfo) -> PreparingTransaction:
         """A task's transaction, open, on a session of its own."""
 

@@ -29,10 +29,11 @@ class PostgresTwoPhaseCommitSink(PostgresSinkBase, TwoPhaseCommitSink[PreparingT
     BATCH_RECORDS = (MARKER_TABLE, DECISION_TABLE)
 
     def committed_before(self, task: TaskInfo) -> bool:
-        """Whether a committed marker of (sink, batch, partition) is visible: another run
-        committed this partition of the batch (markers of forgotten batches are gone, and Spark
-        never runs those again)."""
-        return self.target.partition_committed(task.batch_id, task.partition_id)
+        """Whether a run decided the task's batch: a decided batch is final and whole (its
+        decision came after every task of its run prepared, and recovery commits it), so none of
+        its replay's tasks writes, however the replay splits the batch into partitions
+        (decisions of forgotten batches are gone, and Spark never runs those again)."""
+        return bool(self.target.decisions([task.batch_id])[task.batch_id])
 
     def begin_transaction(self, task: TaskInfo) -> PreparingTransaction:
         for held in self.target.prepared([task.batch_id]):

@@ -208,8 +208,6 @@ def test_supervisor_restarts_crashed_query_from_checkpoint_exactly_once(
     assert prepared_transactions(postgres_dsn, unique_name) == []
 
 
-@pytest.mark.xfail(strict=True, reason="issue 46, found by reading: a two-phase-commit task skips by its partition's "
-                   "marker, so a decided batch replayed with more writer partitions writes the new partitions again")
 def test_a_decided_batch_replayed_with_more_writer_partitions_is_not_written_twice(
     spark: Any, kafka: KafkaConfig, postgres_dsn: str, topic: str, unique_name: str, tmp_path: Path, crash_dir: Path,
 ) -> None:

@@ -306,10 +306,6 @@ class SimPostgresTarget(PostgresTarget):
         self.server.scheduler.step(lambda: f"postgres marker of {transaction_id}")
         return transaction_id in self.server.markers
 
-    def partition_committed(self, batch_id: int, partition_id: int) -> bool:
-        self.server.scheduler.step(lambda: f"postgres committed marker of {self.sink_id} {batch_id}/{partition_id}")
-        return self.server.marker_keys.get((self.sink_id, batch_id, partition_id)) == "committed"
-
     def begin(self, task: TaskInfo) -> PreparingTransaction:
         txn = self.server.begin(task_idle_s())
         self.server.statement(txn, lambda: f"begin {task.transaction_id}")

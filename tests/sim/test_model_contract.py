@@ -71,16 +71,16 @@ def postgres_transcript(target_of: Callable[[str], PostgresTarget]) -> list[Any]
     task = TaskInfo(two_phase.config.sink_id, 3, 0, 7, epoch)
     preparing = two_phase.begin(task)
     preparing.write(rows([1, 2]))
-    out += [preparing.prepare(), [c.name for c in two_phase.prepared([3])], two_phase.partition_committed(3, 0)]
+    out += [preparing.prepare(), [c.name for c in two_phase.prepared([3])]]
     stale = two_phase.begin(TaskInfo(two_phase.config.sink_id, 3, 1, 8, first))
     stale.write(rows([3]))
     out += [outcome(stale.prepare), [c.name for c in two_phase.prepared(None)]]
     out += [two_phase.finish_prepared(task.transaction_id, commit=True), two_phase.finish_prepared(task.transaction_id, commit=True),
-            two_phase.marker_visible(task.transaction_id), two_phase.partition_committed(3, 0)]
+            two_phase.marker_visible(task.transaction_id)]
     again = two_phase.begin(TaskInfo(two_phase.config.sink_id, 3, 0, 9, epoch))
     again.write(rows([1, 2]))
     out += [outcome(again.prepare), two_phase.prepared(None)]
-    out += [two_phase.delete_batch_records("oncekit_markers", 4, epoch), two_phase.partition_committed(3, 0),
+    out += [two_phase.delete_batch_records("oncekit_markers", 4, epoch), two_phase.decisions([3]),
             outcome(lambda: two_phase.delete_batch_records("oncekit_decisions", None, first))]
     wal_epoch = wal.take_epoch("cp", 0)
     parts = lambda ids: iter([(TaskInfo(wal.config.sink_id, 0, 0, 0, wal_epoch), iter([rows(ids)]))])  # noqa: E731
