@@ -82,14 +82,13 @@ class TwoPhaseCommitSink(Sink, Generic[TxnT]):
         return self.abort(committable)
 
     def committed_before(self, task: TaskInfo) -> bool:
-        """Task: whether the target holds a committed transaction of (sink, batch, partition)
-        already (another run committed the batch while this one replayed it). The default
-        cannot tell."""
+        """Task: whether a run committed the task's batch already (this is a replay of a batch
+        another run decided), so that the task writes nothing. The default cannot tell."""
         return False
 
     def write_partition(self, task: TaskInfo, batches: Iterator[pa.RecordBatch]) -> list[Committable]:
         if self.committed_before(task):
-            logger.warning("sink %s batch %s partition %s: committed by another run already; this attempt writes "
+            logger.warning("sink %s batch %s partition %s: a run committed the batch already; this attempt writes "
                            "nothing", self.sink_id, task.batch_id, task.partition_id)
             for _ in batches:
                 pass

@@ -51,6 +51,11 @@ def exit_if_stuck(where: str) -> None:
         os._exit(STUCK_EXIT_CODE)
 
 
+_ANSWERED = threading.Event()
+_ANSWERED.set()
+"""The event of every call run inline: answered before anyone waits."""
+
+
 class Pending(Generic[T]):
     """A call running on a daemon thread of its own (about 0.1 ms each: a pool's threads are
     joined when the interpreter exits, and a stuck one would hold the process; a pool would
@@ -60,11 +65,12 @@ class Pending(Generic[T]):
     def __init__(self, what: str, call: Callable[..., T], *args: Any) -> None:
         self.what = what
         self._outcome: list[Any] = []
-        self._done = threading.Event()
         self._abandoned = False
         if parallel.inline():  # no threads (the simulation): the call runs now, and its model never hangs
+            self._done = _ANSWERED
             self._run(call, *args)
             return
+        self._done = threading.Event()
         threading.Thread(target=self._run, args=(call, *args), name=f"oncekit-bounded {what[:60]}", daemon=True).start()
 
     def _run(self, call: Callable[..., T], *args: Any) -> None:

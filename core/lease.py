@@ -34,7 +34,7 @@ import socket
 import threading
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from oncekit.core import clock
@@ -152,7 +152,7 @@ class Lease:
         """Expired, or held by a process that is gone from this machine and pid namespace."""
         if clock.now() - self.renewed_at > EXPIRES_S:
             return True
-        here = self.host == socket.gethostname() and bool(self.boot) and self.boot == _BOOT
+        here = bool(self.boot) and self.boot == _BOOT and self.host == socket.gethostname()
         return here and not _alive(self.pid)
 
 
@@ -182,7 +182,7 @@ class QueryLease:
         self.write(Lease.of(driver or Driver.this(), run, epoch))
 
     def write(self, lease: Lease) -> None:
-        write_atomically(self.fs, self.path, json.dumps(asdict(lease)).encode())
+        write_atomically(self.fs, self.path, json.dumps(vars(lease)).encode())
 
     def stamp(self, driver: Driver, run: str, epoch: int) -> None:
         """The first stream writer of run ``run`` (of the driver process ``driver``), once the run
