@@ -41,6 +41,9 @@ def test_attempt_past_two_to_the_31_prepares_and_an_old_int_table_is_migrated(
         conn.execute(f"CREATE TABLE {schema}.oncekit_sinks (sink_id text PRIMARY KEY, query_id text NOT NULL, "
                      "checkpoint text NOT NULL, claimed_at timestamptz NOT NULL DEFAULT now(), epoch bigint NOT NULL "
                      "DEFAULT 0)")
+        # what this version's first preflight made while an old prepared transaction deferred the migration
+        conn.execute(f"CREATE TABLE {schema}.oncekit_decisions (sink_id text NOT NULL, batch_id bigint NOT NULL, "
+                     "epoch bigint NOT NULL, verdict text NOT NULL, PRIMARY KEY (sink_id, batch_id, epoch))")
     config = postgres_sink(postgres_dsn, f"{schema}.target", "two-phase-commit", columns=("id",))
     sink = config.build(str(tmp_path))
     sink.act_for(sink.take_epoch(0))

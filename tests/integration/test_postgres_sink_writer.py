@@ -73,12 +73,15 @@ def built(config: Any, checkpoint: str) -> Any:
 
 def run_batch(config: Any, checkpoint: str, batch_id: int, partitions: dict[int, list[pa.RecordBatch]],
               attempt: int = 0) -> None:
-    """Tasks write each partition through a sink object of their own, then the driver commits."""
+    """Tasks write each partition through a sink object of their own, then the driver decides the
+    batch (two-phase commit) and commits, in the engine's order."""
     committables = []
     for partition, batches in partitions.items():
         task = TaskInfo(config.sink_id, batch_id, partition, attempt, epoch_of(config, checkpoint))
         committables += as_list(built(config, checkpoint).write_partition(task, iter(batches)))
-    built(config, checkpoint).commit_batch(batch_id, committables)
+    driver = built(config, checkpoint)
+    driver.decide(batch_id, committables)
+    driver.commit_batch(batch_id, committables)
 
 
 def prepared(dsn: str, sink_id: str) -> list[str]:
