@@ -2,12 +2,13 @@
 
 The same records in topics of 2, 32 and 128 partitions (:data:`COUNTS`), each read in batches of
 :data:`PER_BATCH` records by the kit's source into Spark's noop sink (the baseline), by Spark's
-own source into noop, and by the kit's source into each exactly-once protocol. A batch has one
-task per input partition, so the per-task cost of a sink (its transaction, marker, connection)
-grows with the count while the baseline's does not. The figure is seconds per batch, from the
-query's start to its end over the batches it ran; ratios are to the baseline at the same count.
-Two protocols run once more with the stream coalesced to the session's parallelism before the
-sink (:data:`COALESCED`): as many writer tasks as cores, whatever the input's partition count.
+own source into noop, and by the kit's source into each exactly-once protocol. The kit's source
+gives a batch at most as many tasks as the session has cores (``kafka_stream``'s
+``max_partitions`` default), each reading a group of topic-partitions, so a sink's per-task cost
+(its transaction, marker, connection) stays as the count grows; one more baseline case reads with
+a task per topic-partition (:data:`UNGROUPED`), as Spark's own source does. The figure is seconds
+per batch, from the query's start to its end over the batches it ran; ratios are to the baseline
+at the same count.
 """
 
 from __future__ import annotations
@@ -39,17 +40,17 @@ SPARK_NOOP = "Spark's source -> noop"
 PROTOCOLS = ("postgres two-phase-commit", "postgres write-ahead-log", "postgres idempotent", "kafka transactional",
              "kafka write-ahead-log")
 """Every exactly-once protocol, as the cases name them."""
-COALESCED = ("postgres two-phase-commit", "kafka transactional")
-"""Protocols also measured with the stream coalesced to the session's parallelism before the sink:
-fewer writer tasks than input partitions (a case named ``<protocol>, coalesced``)."""
+UNGROUPED = "kit source, a task per partition -> noop"
+ONE_TASK_EACH = 1_000_000
+"""A ``max_partitions`` above any partition count: a task per topic-partition."""
 
 
 def partitions_group(bench: Bench) -> Table:
     print("9. Partitions", file=sys.stderr, flush=True)
 
-    def stream(source: data.Input, connector: str = "oncekit") -> DataFrame:
+    def stream(source: data.Input, connector: str = "oncekit", max_partitions: int | None = None) -> DataFrame:
         return kafka_stream(bench.spark, bench.servers, source.topic, max_offsets_per_trigger=PER_BATCH,
-                            connector=connector)
+                            connector=connector, max_partitions=max_partitions)
 
     sinks: dict[str, Callable[[str], SinkConfig]] = {
         "postgres two-phase-commit": lambda output: postgres_sink(bench.dsn, output, "two-phase-commit"),
@@ -59,18 +60,17 @@ def partitions_group(bench: Bench) -> Table:
         "kafka write-ahead-log": lambda output: kafka_sink(bench.servers, output, "write-ahead-log"),
     }
 
-    def into(protocol: str, coalesced: bool = False) -> Callable[[data.Input, str], Any]:
+    def into(protocol: str) -> Callable[[data.Input, str], Any]:
         def run(source: data.Input, output: str) -> None:
             frame = stream(source).select("key", "value") if protocol.startswith("kafka") else columns(stream(source))
-            if coalesced:
-                frame = frame.coalesce(bench.spark.sparkContext.defaultParallelism)
             kit_query(frame, sinks[protocol](output))
         return run
 
     cases = [Case(NOOP, lambda source, _: peers.run_available(stream(source).writeStream.format("noop"))),
              Case(SPARK_NOOP, lambda source, _: peers.run_available(stream(source, "spark").writeStream.format("noop"))),
-             *(Case(protocol, into(protocol), keyed=protocol.endswith("idempotent")) for protocol in PROTOCOLS),
-             *(Case(f"{protocol}, coalesced", into(protocol, coalesced=True)) for protocol in COALESCED)]
+             Case(UNGROUPED, lambda source, _: peers.run_available(
+                 stream(source, max_partitions=ONE_TASK_EACH).writeStream.format("noop"))),
+             *(Case(protocol, into(protocol), keyed=protocol.endswith("idempotent")) for protocol in PROTOCOLS)]
 
     def prepare(case: Case, output: str) -> None:
         if case.name.startswith("postgres"):
@@ -90,7 +90,8 @@ def partitions_group(bench: Bench) -> Table:
     table = Table(f"9. Partitions: {RECORDS:,} records of {bench.options.record_bytes} bytes, {PER_BATCH:,} a batch "
                   f"({batches} batches)", ("seconds", "s per batch"), ("s per batch",),
                   "seconds per batch; above 1 costs more than the baseline at the same partition count",
-                  notes=["A batch runs one task per input partition. Each case runs once on each topic, right after a "
+                  notes=["The kit's source gives a batch at most as many tasks as the session's cores, each reading a group "
+                         "of input partitions (but the ungrouped case: a task per input partition). Each case runs once on each topic, right after a "
                          "run of the baseline on the 2-partition topic (dropped) warms the session; Kafka outputs have "
                          f"{bench.options.partitions} partitions. Ratios: each case to the kit's source into noop, "
                          "and the kit's source to Spark's, at the same count."])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
@@ -28,14 +29,24 @@ from oncekit.sources.kafka import (
 logger = logging.getLogger(__name__)
 
 
-class KafkaRange(InputPartition):
-    """One task's work: records [start, end) of one topic-partition."""
+@dataclass(frozen=True)
+class KafkaRange:
+    """Records [start, end) of one topic-partition."""
 
-    def __init__(self, topic: str, partition: int, start: int, end: int) -> None:
-        self.topic, self.partition, self.start, self.end = topic, partition, start, end
+    topic: str
+    partition: int
+    start: int
+    end: int
+
+
+class KafkaTask(InputPartition):
+    """One task's work: its ranges, read one after another in this order."""
+
+    def __init__(self, ranges: tuple[KafkaRange, ...]) -> None:
+        self.ranges = ranges
 
     def __repr__(self) -> str:
-        return f"KafkaRange({self.topic}-{self.partition} [{self.start}, {self.end}))"
+        return "KafkaTask(" + ", ".join(f"{r.topic}-{r.partition} [{r.start}, {r.end})" for r in self.ranges) + ")"
 
 
 def _ranges(start: Offsets, end: Offsets) -> list[KafkaRange]:
@@ -47,9 +58,26 @@ def _ranges(start: Offsets, end: Offsets) -> list[KafkaRange]:
     ]
 
 
+def _tasks(ranges: list[KafkaRange], max_partitions: int | None) -> list[KafkaTask]:
+    """The batch's tasks: a task per range, or with ``max_partitions`` at most that many, each
+    range going to the task with the fewest records so far (larger ranges first). A function of
+    the ranges and the option alone, so that a replayed batch, which Spark plans from the same
+    offsets, puts every range in the task of the same index as its first run did."""
+    if max_partitions is None or len(ranges) <= max_partitions:
+        return [KafkaTask((r,)) for r in ranges]
+    groups: list[list[KafkaRange]] = [[] for _ in range(max_partitions)]
+    loads = [0] * max_partitions
+    for found in sorted(ranges, key=lambda r: (r.start - r.end, r.topic, r.partition)):
+        index = min(range(max_partitions), key=lambda i: (loads[i], i))
+        groups[index].append(found)
+        loads[index] += found.end - found.start
+    return [KafkaTask(tuple(sorted(group, key=lambda r: (r.topic, r.partition)))) for group in groups]
+
+
 def _read(options: KafkaSourceOptions, partition: InputPartition) -> Iterator[Any]:
-    task = cast(KafkaRange, partition)  # Spark hands back what partitions() returned
-    return KafkaPartitionReader(options).read(task.topic, task.partition, task.start, task.end)
+    reader = KafkaPartitionReader(options)
+    for found in cast(KafkaTask, partition).ranges:  # Spark hands back what partitions() returned
+        yield from reader.read(found.topic, found.partition, found.start, found.end)
 
 
 class KafkaDataSource(DataSource):
@@ -74,10 +102,8 @@ class KafkaBatchReader(DataSourceReader):
 
     def partitions(self) -> Sequence[InputPartition]:
         marks = watermarks(self.options)
-        return _ranges(
-            starting_offsets(self.options, marks),
-            _resolve(self.options.ending_offsets, marks, "endingOffsets"),
-        )
+        return _tasks(_ranges(starting_offsets(self.options, marks),
+                              _resolve(self.options.ending_offsets, marks, "endingOffsets")), self.options.max_partitions)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         return _read(self.options, partition)
@@ -117,7 +143,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return latest
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
-        return _ranges(start, end)
+        return _tasks(_ranges(start, end), self.options.max_partitions)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         return _read(self.options, partition)

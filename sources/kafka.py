@@ -68,6 +68,10 @@ class KafkaSourceOptions:
     poll_timeout_s: float = 120.0
     consumer_group: str | None = None
     batch_size: int = 10_000
+    max_partitions: int | None = None
+    """At most this many tasks read a batch (option ``maxPartitions``): the topic-partitions'
+    ranges are grouped, each task reading its group one range after another; None, a task per
+    topic-partition with records to read."""
 
     def __repr__(self) -> str:
         return f"KafkaSourceOptions(topics={self.topics!r}, client={redact_config(self.client)!r})"
@@ -104,6 +108,9 @@ class KafkaSourceOptions:
             raise ConfigError(f"{FORMAT}: maxOffsetsPerTrigger must be a whole number, got {max_offsets!r}") from exc
         if limit is not None and limit <= 0:
             raise ConfigError(f"{FORMAT}: maxOffsetsPerTrigger must be positive, got {limit}")
+        tasks = lowered.get("maxpartitions")
+        if tasks is not None and not (tasks.isdigit() and int(tasks) > 0):
+            raise ConfigError(f"{FORMAT}: maxPartitions must be a positive whole number, got {tasks!r}")
         return cls(
             client=client,
             topics=topics,
@@ -116,6 +123,7 @@ class KafkaSourceOptions:
             include_headers=lowered.get("includeheaders", "false").lower() == "true",
             poll_timeout_s=float(lowered.get("polltimeoutms", "120000")) / 1000,
             consumer_group=lowered.get("consumergroup") or None,
+            max_partitions=int(tasks) if tasks is not None else None,
         )
 
     def consumer(self, **extra: Any) -> Consumer:
@@ -353,6 +361,7 @@ def kafka_stream(
     max_offsets_per_trigger: int | None = None,
     starting_offsets: str = "earliest",
     connector: str = "oncekit",
+    max_partitions: int | None = None,
     **options: str,
 ) -> DataFrame:
     """The typed builder: a streaming DataFrame over ``topics``.
@@ -379,6 +388,15 @@ def kafka_stream(
         already holds), ``latest``, or per-partition JSON as in Spark. Once the checkpoint has a
         batch, its offsets decide.
     :param connector: who reads: ``"oncekit"`` or ``"spark"`` (above).
+    :param max_partitions: (``"oncekit"`` only) at most this many tasks read a batch, each a
+        group of topic-partitions read one after another (the option ``maxPartitions``); None
+        is the session's default parallelism (its cores) where the session can tell it (not
+        from a Spark Connect client: a task per topic-partition there). A batch's tasks write
+        its sink, and a task costs the sink a transaction, a marker or a staged file, so a topic
+        of many partitions costs less per batch with fewer, larger tasks. The count is part of
+        the query's plan: a restart with another count while a batch is half-committed by a sink
+        that commits in its tasks is refused (see "A half-committed batch is replayed by the
+        plan that planned it").
     :param options: further source options, spelled as Spark's Kafka source spells them
         (``includeHeaders``, ``kafka.security.protocol``...).
     :returns: a streaming DataFrame with Spark's Kafka columns (``key``, ``value``, ``topic``,
@@ -390,9 +408,15 @@ def kafka_stream(
         raise ConfigError("kafka_stream: give the topics, or subscribePattern='<regex>' as an option, not both")
     if connector == "oncekit":
         register(spark)
+        tasks = max_partitions if max_partitions is not None else _default_parallelism(spark)
+        if tasks is not None:
+            options = {"maxPartitions": str(tasks), **options}
         if bootstrap_servers != WARM_UP_SERVERS:  # the cluster the job's status page asks (oncekit run --ui)
             remember_cluster_read(KafkaConfig(bootstrap_servers, security_settings(options)))
     else:
+        if max_partitions is not None:
+            raise ConfigError("kafka_stream: max_partitions groups the kit's source's tasks; Spark's own source "
+                              "(connector='spark') has minPartitions instead")
         options = {"kafka.isolation.level": "read_committed", **options}
     reader = (
         spark.readStream.format(FORMAT if connector == "oncekit" else "kafka")
@@ -411,6 +435,15 @@ def kafka_stream(
                               f"start the job with --packages {SPARK_CONNECTOR_PACKAGE}:{spark.version} (or set "
                               f"spark.jars.packages), or read with connector='oncekit'") from None
         raise
+
+
+def _default_parallelism(spark: SparkSession) -> int | None:
+    """The session's default parallelism; None where the session cannot tell (a Spark Connect
+    client has no SparkContext)."""
+    try:
+        return int(spark.sparkContext.defaultParallelism)
+    except Exception:  # noqa: BLE001 - Spark Connect: PySparkNotImplementedError, or no attribute
+        return None
 
 
 def offsets_for_timestamp(options: KafkaSourceOptions, marks: Mapping[tuple[str, int], tuple[int, int]],

@@ -215,11 +215,11 @@ def install(ctx: PipelineContext) -> None:
         if len(named) != 1 or "," in named[0] or "subscribePattern" in options:
             raise ConfigError(f"oncekit verify feeds a job one input topic; this job reads "
                               f"{named or options.get('subscribePattern')!r}")
-        options = {k: v for k, v in options.items() if not k.startswith("kafka.")
-                   and k not in ("max_offsets_per_trigger", "starting_offsets")}
+        kept: dict[str, Any] = {k: v for k, v in options.items() if not k.startswith("kafka.")
+                                and k not in ("max_offsets_per_trigger", "starting_offsets")}
+        kept.update({f"kafka.{k}": str(v) for k, v in ctx.kafka_client.items()})
         return read(spark, ctx.bootstrap_servers, ctx.input_topic, connector=connector, starting_offsets="earliest",
-                    max_offsets_per_trigger=ctx.max_offsets_per_trigger,
-                    **options, **{f"kafka.{k}": str(v) for k, v in ctx.kafka_client.items()})
+                    max_offsets_per_trigger=ctx.max_offsets_per_trigger, **kept)
 
     def start_query(frame: Any, sink: SinkConfig, checkpoint: str, **keywords: Any) -> Any:
         if started and checkpoint != started[0]:  # the same one again: a restart of the job

@@ -92,14 +92,16 @@ class PipelineContext:
 
 
 def integers(spark: Any, kafka: KafkaConfig, topic: str, per_batch: int = PER_BATCH, starting: str = "earliest",
-             connector: str = "oncekit") -> Any:
+             connector: str = "oncekit", max_partitions: int | None = None) -> Any:
     """The stream: one row (id, payload) per well-formed input record; malformed ones are dropped.
-    ``connector``: who reads the topic (:func:`oncekit.sources.kafka.kafka_stream`)."""
+    ``connector`` and ``max_partitions``: who reads the topic, and in how many tasks at most
+    (:func:`oncekit.sources.kafka.kafka_stream`)."""
     from oncekit.sources.kafka import kafka_stream
 
+    client: dict[str, Any] = {f"kafka.{k}": str(v) for k, v in kafka.client.items()}
     return kafka_stream(spark, kafka.bootstrap_servers, topic, max_offsets_per_trigger=per_batch,
-                        starting_offsets=starting, connector=connector,
-                        **{f"kafka.{k}": str(v) for k, v in kafka.client.items()}).selectExpr(
+                        starting_offsets=starting, connector=connector, max_partitions=max_partitions,
+                        **client).selectExpr(
         "TRY_CAST(CAST(value AS STRING) AS INT) AS id", "CAST(value AS STRING) AS payload").where("id IS NOT NULL")
 
 

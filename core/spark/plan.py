@@ -44,10 +44,11 @@ _VOLATILE = re.compile(r"#\d+L?\b|@[0-9a-f]+\b|\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f
 
 # A source's options, as an analyzed plan prints them: [key=value, key=value]. A replay reads the
 # ranges the offset log holds, so only options that split a range into partitions (Spark's Kafka
-# source) decide where its rows go; the others (servers, starting offsets, the batch size, a
-# client id made at each start) are left out, so that a start is refused only for a real change.
+# source; the kit's source's maxPartitions) decide where its rows go; the others (servers,
+# starting offsets, the batch size, a client id made at each start) are left out, so that a start
+# is refused only for a real change.
 _OPTIONS = re.compile(r"\[([\w.]+=[^\]]*)\]")
-PARTITIONING_OPTIONS = frozenset({"minpartitions", "maxrecordsperpartition"})
+PARTITIONING_OPTIONS = frozenset({"minpartitions", "maxrecordsperpartition", "maxpartitions"})
 
 FILE_SPLIT_SETTINGS = ("spark.sql.files.maxPartitionBytes", "spark.sql.files.openCostInBytes",
                        "spark.sql.files.minPartitionNum", "spark.sql.files.maxPartitionNum",

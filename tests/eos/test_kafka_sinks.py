@@ -115,6 +115,38 @@ def test_kafka_transactional_replay_with_another_partitioning_is_refused_before_
     assert verdict.exactly_once, verdict.summary()
 
 
+def test_kafka_transactional_over_grouped_input_partitions_is_exactly_once_and_keeps_its_grouping(
+    spark: Any, kafka: KafkaConfig, topic: str, tmp_path: Path, crash_dir: Path,
+) -> None:
+    """Five input partitions read by two tasks (the kit's source's maxPartitions): batch 1 crashes
+    after task 1, a group of partitions, committed. The replay groups the ranges as the first run
+    did (they are the same offsets), so task 1 skips and task 0 writes: exactly once. A restart
+    with another task count while the batch is half-committed is refused (the count is part of
+    the plan); once the batch is complete, the new count runs on, exactly once."""
+    source, out = f"{topic}-five", f"{topic}-out"
+    create_topic(kafka, source, partitions=5)
+    expected = produce_input(kafka, source, COUNT, partitions=5)
+    create_topic(kafka, out, partitions=2)
+    sink = kafka_sink(kafka.bootstrap_servers, out, "transactional")
+    checkpoint = str(tmp_path / "checkpoint")
+
+    def frame(tasks: int) -> Any:
+        return as_values(integers(spark, kafka, source, PER_BATCH, max_partitions=tasks))
+
+    arm(crash_dir, "task_after_pre_commit", batch_id=1, partition_id=1)
+    with pytest.raises(Exception):
+        run_available_now(frame(2), sink, checkpoint)
+    assert fired(crash_dir) == ["task_after_pre_commit"]
+    with pytest.raises(ConfigError, match="batch 1: the query's plan changed"):
+        run_available_now(frame(3), sink, checkpoint)
+    run_available_now(frame(2), sink, checkpoint)
+    expected += produce_input(kafka, source, COUNT, partitions=5, first=COUNT)
+    run_available_now(frame(3), sink, checkpoint)
+
+    verdict = compare(expected, output(kafka, out, len(expected)))
+    assert verdict.exactly_once, verdict.summary()
+
+
 @pytest.mark.parametrize("protocol", ["transactional", "write-ahead-log"])
 def test_kafka_sink_replay_from_an_older_checkpoint_is_compared_not_skipped_unseen(
     spark: Any, kafka: KafkaConfig, topic: str, tmp_path: Path, protocol: str,

@@ -196,3 +196,27 @@ def test_a_java_client_setting_is_refused_naming_librdkafkas_equivalent_and_no_s
     for raised, spelled in ((source, f"kafka.{setting}"), (sink, setting), (config, setting)):
         text = str(raised.value)
         assert spelled in text and instead in text and "s3cr3t" not in text, text
+
+
+def test_max_partitions_groups_ranges_the_same_way_for_the_same_offsets() -> None:
+    """A batch's tasks with maxPartitions: at most that many, the larger ranges spread first, each
+    task reading its ranges in topic-partition order; the same offsets group the same way (a
+    replay's task of an index reads what its first run's did)."""
+    from oncekit.sources._spark_kafka import KafkaRange, _ranges, _tasks
+
+    end = {"b": {str(p): 10 * (p + 1) for p in range(5)}, "a": {"0": 35}}
+    ranges = _ranges({}, end)
+    grouped = _tasks(ranges, 3)
+    assert [[(r.topic, r.partition) for r in task.ranges] for task in grouped] == [
+        [("b", 0), ("b", 4)], [("b", 1), ("b", 3)], [("a", 0), ("b", 2)]]
+    assert [sum(r.end - r.start for r in task.ranges) for task in grouped] == [60, 60, 65]
+    assert [t.ranges for t in _tasks(list(reversed(ranges)), 3)] == [t.ranges for t in grouped]
+    assert [t.ranges for t in _tasks(ranges, None)] == [(r,) for r in ranges] == [t.ranges for t in _tasks(ranges, 6)]
+    assert repr(_tasks([KafkaRange("a", 1, 2, 3)], 1)[0]) == "KafkaTask(a-1 [2, 3))"
+
+
+@pytest.mark.parametrize("given", ["0", "-1", "two", ""])
+def test_max_partitions_must_be_a_positive_whole_number(given: str) -> None:
+    with pytest.raises(ConfigError, match="maxPartitions must be a positive whole number"):
+        KafkaSourceOptions.parse({"kafka.bootstrap.servers": "b:1", "subscribe": "t", "maxPartitions": given})
+    assert KafkaSourceOptions.parse({"kafka.bootstrap.servers": "b:1", "subscribe": "t", "maxpartitions": "4"}).max_partitions == 4
