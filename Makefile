@@ -22,7 +22,7 @@ demo: install broker
 # while they wait on builds, services, restarts and recoveries, so it adds to the wall time only
 # what is left of it when the suite ends (printed last). Both runs draw their faults from one
 # ONCEKIT_VERIFY_SEED.
-SIM_SCHEDULES ?= 600
+SIM_SCHEDULES ?= 10000
 SIM_LOG := .oncekit/simulation.log
 # The suite's make, named without $(MAKE) in the recipe: make -n would run a recipe line that
 # names it, and so start the simulation, instead of printing it.

@@ -1,7 +1,7 @@
 """Exactly-once under overlapping drivers, checked over many schedules of the simulation
 (tests/sim/world.py): per protocol and for a fan-out, ``ONCEKIT_SIM_SCHEDULES`` schedules (600
-by default, in make test in a pytest run of its own beside the suite; make test-long
-200,000), their seeds drawn from the run's ``ONCEKIT_VERIFY_SEED``. A failing schedule is shrunk
+when pytest runs it alone; make test 10,000 in a pytest run of its own beside the suite; make
+test-long 200,000), their seeds drawn from the run's ``ONCEKIT_VERIFY_SEED``. A failing schedule is shrunk
 and its trace printed, with the seed that replays it."""
 
 from __future__ import annotations
