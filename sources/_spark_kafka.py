@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any, cast
 
 from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
@@ -18,6 +17,7 @@ from oncekit.sources.kafka import (
     HEADERS_FIELD,
     SCHEMA,
     KafkaPartitionReader,
+    KafkaRange,
     KafkaSourceOptions,
     Offsets,
     _resolve,
@@ -29,18 +29,8 @@ from oncekit.sources.kafka import (
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class KafkaRange:
-    """Records [start, end) of one topic-partition."""
-
-    topic: str
-    partition: int
-    start: int
-    end: int
-
-
 class KafkaTask(InputPartition):
-    """One task's work: its ranges, read one after another in this order."""
+    """One task's work: its ranges, read together by one consumer."""
 
     def __init__(self, ranges: tuple[KafkaRange, ...]) -> None:
         self.ranges = ranges
@@ -75,9 +65,7 @@ def _tasks(ranges: list[KafkaRange], max_partitions: int | None) -> list[KafkaTa
 
 
 def _read(options: KafkaSourceOptions, partition: InputPartition) -> Iterator[Any]:
-    reader = KafkaPartitionReader(options)
-    for found in cast(KafkaTask, partition).ranges:  # Spark hands back what partitions() returned
-        yield from reader.read(found.topic, found.partition, found.start, found.end)
+    return KafkaPartitionReader(options).read(cast(KafkaTask, partition).ranges)  # Spark hands back what partitions() returned
 
 
 class KafkaDataSource(DataSource):

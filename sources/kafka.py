@@ -18,7 +18,7 @@ import re
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -178,14 +178,27 @@ def _resolve(spec: str, watermarks: Mapping[tuple[str, int], tuple[int, int]], w
     return out
 
 
-class KafkaPartitionReader:
-    """Reads one topic-partition's range [start, end) in a task and yields Arrow batches.
+@dataclass(frozen=True)
+class KafkaRange:
+    """Records [start, end) of one topic-partition: what a batch reads of it."""
 
-    The range ends on the consumer's position, never on the offset end-1: transaction markers
+    topic: str
+    partition: int
+    start: int
+    end: int
+
+
+class KafkaPartitionReader:
+    """Reads a task's ranges of topic-partitions, all assigned to one consumer at once (its
+    fetches go to every partition together), and yields Arrow batches, each of one partition.
+
+    A range ends on the consumer's position, never on the offset end-1: transaction markers
     and aborted records occupy offsets, so the last offsets of a range may carry no record.
-    A read never waits out a timeout once the range's last record has arrived: each poll asks
-    for at most what is left of the range, and polls are short, so a range that ends on a
-    transaction marker costs one short poll more, not a second.
+    A read never waits out a timeout once the ranges' last records have arrived: each poll asks
+    for at most what is left, and polls are short, so ranges that end on a transaction marker
+    cost one short poll more for the task, not a second per range. Records of one partition come
+    in their log's order; batches of different partitions may interleave differently in a replay
+    (the sinks' checksums and keys do not depend on it).
     """
 
     POLL_S = 0.1
@@ -193,41 +206,67 @@ class KafkaPartitionReader:
     def __init__(self, options: KafkaSourceOptions) -> None:
         self.options = options
 
-    def read(self, topic: str, partition: int, start: int, end: int) -> Iterator[pa.RecordBatch]:
-        if start >= end:
+    def read(self, ranges: Sequence[KafkaRange]) -> Iterator[pa.RecordBatch]:
+        pending = {(r.topic, r.partition): r for r in ranges if r.start < r.end}
+        if not pending:
             return
+        paused: list[TopicPartition] = []
         with self.options.borrowed_consumer() as consumer:
             try:
-                yield from self._read(consumer, topic, partition, start, end)
+                yield from self._read(consumer, pending, paused)
             finally:
+                if paused:  # a pooled consumer keeps a partition's pause across assignments
+                    consumer.resume(paused)
                 consumer.unassign()  # the next task assigns afresh; position() is -1001 until it fetches
 
-    def _read(self, consumer: Consumer, topic: str, partition: int, start: int, end: int) -> Iterator[pa.RecordBatch]:
-        consumer.assign([TopicPartition(topic, partition, start)])
-        position = start
+    def _read(self, consumer: Consumer, pending: dict[tuple[str, int], KafkaRange],
+              paused: list[TopicPartition]) -> Iterator[pa.RecordBatch]:
+        """Read until every range's partition is at or past its end; ``pending`` holds each
+        range still being read, its start moved to where the reading stands; ``paused`` gets
+        each partition read to its end, paused so that it fetches no further."""
+        consumer.assign([TopicPartition(t, p, r.start) for (t, p), r in pending.items()])
         deadline = time.monotonic() + self.options.poll_timeout_s
-        while position < end:
-            messages = consumer.consume(num_messages=min(self.options.batch_size, end - position), timeout=self.POLL_S)
-            error = messages[0].error() if messages else None
-            if error is not None and error.code() == KafkaError._AUTO_OFFSET_RESET:
-                # The log does not hold the offset (auto.offset.reset=error): only now ask where it starts.
-                start = position = self._skip_lost(consumer, topic, partition, position, end)
-                if position >= end:
-                    return
-                consumer.assign([TopicPartition(topic, partition, position)])
+        while pending:
+            left = sum(r.end - r.start for r in pending.values())
+            messages = consumer.consume(num_messages=min(self.options.batch_size, left), timeout=self.POLL_S)
+            errors = [cast(KafkaError, m.error()) for m in filter(Message.error, messages)]
+            if errors:
+                other = next((e for e in errors if e.code() != KafkaError._AUTO_OFFSET_RESET), None)
+                if other is not None:
+                    raise KafkaException(other)
+                # The log does not hold an offset (auto.offset.reset=error): only now ask where it starts.
+                for message in filter(Message.error, messages):
+                    key = (cast(str, message.topic()), cast(int, message.partition()))
+                    if key in pending:
+                        current = pending[key]
+                        pending[key] = replace(current, start=self._skip_lost(consumer, *key, current.start, current.end))
+                pending = {key: r for key, r in pending.items() if r.start < r.end}
+                consumer.assign([TopicPartition(t, p, r.start) for (t, p), r in pending.items()])
                 continue
+            for (topic, partition), run in _runs(messages):
+                reading = pending.get((topic, partition))
+                if reading is not None:  # else a paused partition's prefetched records, past its end
+                    batch = self._to_arrow(topic, partition, run, reading.end)
+                    if batch.num_rows:
+                        yield batch
             if messages:
-                batch = self._to_arrow(topic, partition, messages, end)
-                if batch.num_rows:
-                    yield batch
                 deadline = time.monotonic() + self.options.poll_timeout_s
-            position = consumer.position([TopicPartition(topic, partition)])[0].offset
-            if position < 0:  # nothing fetched yet
-                position = start
-            if position < end and not messages and time.monotonic() > deadline:
+            positions = consumer.position([TopicPartition(t, p) for t, p in pending])
+            for position in positions:
+                key = (position.topic, position.partition)
+                if position.offset >= 0:  # -1001: nothing fetched yet
+                    pending[key] = replace(pending[key], start=position.offset)
+            done = [key for key, r in pending.items() if r.start >= r.end]
+            if done:
+                ended = [TopicPartition(t, p) for t, p in done]
+                consumer.pause(ended)
+                paused += ended
+                pending = {key: r for key, r in pending.items() if r.start < r.end}
+            if pending and not messages and time.monotonic() > deadline:
+                stuck = next(iter(pending.values()))
                 raise SourceReadError(
-                    f"{FORMAT}: topic {topic} partition {partition}: stuck at offset {position} "
-                    f"before {end} for {self.options.poll_timeout_s:.0f} s"
+                    f"{FORMAT}: topic {stuck.topic} partition {stuck.partition}: stuck at offset {stuck.start} "
+                    f"before {stuck.end} for {self.options.poll_timeout_s:.0f} s"
                 )
 
     def _skip_lost(self, consumer: Consumer, topic: str, partition: int, position: int, end: int) -> int:
@@ -279,6 +318,14 @@ class KafkaPartitionReader:
                                     header_type))
             names.append("headers")
         return pa.RecordBatch.from_arrays(columns, names=names)
+
+
+def _runs(messages: list[Any]) -> Iterator[tuple[tuple[str, int], list[Any]]]:
+    """The messages of one consume call, cut where their topic-partition changes (librdkafka
+    hands them out a partition's fetched run at a time); each run with its (topic, partition)."""
+    for topic, of_topic in itertools.groupby(messages, Message.topic):
+        for partition, run in itertools.groupby(of_topic, Message.partition):
+            yield (cast(str, topic), cast(int, partition)), list(run)
 
 
 def _watermarks(consumer: Consumer, topic: str, partition: int) -> tuple[int, int]:
