@@ -219,6 +219,6 @@ def test_the_readmes_benchmark_rows_are_the_benchmarks_pages() -> None:
     rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| pair ")]
     page = (DOCS / "benchmarks.md").read_text()
     included = re.findall(r"```\{include\} (\S+)", page)
-    assert included == ["bench/last-run.md"], included
+    assert included[0] == "bench/last-run.md" and all(name.startswith("bench/") for name in included), included
     report = set((DOCS / included[0]).read_text().splitlines())
     assert rows and [row for row in rows if row not in report] == []
