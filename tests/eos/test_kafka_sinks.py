@@ -83,6 +83,18 @@ def test_kafka_transactional_non_deterministic_replay_is_caught_by_checksum(
         run_available_now(random_values(), sink, checkpoint)
 
 
+def refused_while_half_committed(crash_dir: Path, partition_id: int, planned: Any, changed: Any, sink: Any,
+                                 checkpoint: str) -> None:
+    """Batch 1 of ``planned`` crashes after its task ``partition_id`` committed; a start with the
+    ``changed`` plan is then refused, naming the batch, before any task writes."""
+    arm(crash_dir, "task_after_pre_commit", batch_id=1, partition_id=partition_id)
+    with pytest.raises(Exception):
+        run_available_now(planned, sink, checkpoint)
+    assert fired(crash_dir) == ["task_after_pre_commit"]
+    with pytest.raises(ConfigError, match="batch 1: the query's plan changed"):
+        run_available_now(changed, sink, checkpoint)
+
+
 def test_kafka_transactional_replay_with_another_partitioning_is_refused_before_any_task_writes(
     spark: Any, kafka: KafkaConfig, topic: str, tmp_path: Path, crash_dir: Path,
 ) -> None:
@@ -101,12 +113,7 @@ def test_kafka_transactional_replay_with_another_partitioning_is_refused_before_
     def frame(partitions: int, per_batch: int = PER_BATCH) -> Any:
         return as_values(integers(spark, kafka, topic, per_batch).repartition(partitions, "id"))
 
-    arm(crash_dir, "task_after_pre_commit", batch_id=1, partition_id=3)
-    with pytest.raises(Exception):
-        run_available_now(frame(4), sink, checkpoint)
-    assert fired(crash_dir) == ["task_after_pre_commit"]
-    with pytest.raises(ConfigError, match="batch 1: the query's plan changed"):
-        run_available_now(frame(2), sink, checkpoint)
+    refused_while_half_committed(crash_dir, 3, frame(4), frame(2), sink, checkpoint)
     run_available_now(frame(4, per_batch=PER_BATCH // 2), sink, checkpoint)
     expected += produce_input(kafka, topic, COUNT, first=COUNT)
     run_available_now(frame(2), sink, checkpoint)
@@ -133,12 +140,7 @@ def test_kafka_transactional_over_grouped_input_partitions_is_exactly_once_and_k
     def frame(tasks: int) -> Any:
         return as_values(integers(spark, kafka, source, PER_BATCH, max_partitions=tasks))
 
-    arm(crash_dir, "task_after_pre_commit", batch_id=1, partition_id=1)
-    with pytest.raises(Exception):
-        run_available_now(frame(2), sink, checkpoint)
-    assert fired(crash_dir) == ["task_after_pre_commit"]
-    with pytest.raises(ConfigError, match="batch 1: the query's plan changed"):
-        run_available_now(frame(3), sink, checkpoint)
+    refused_while_half_committed(crash_dir, 1, frame(2), frame(3), sink, checkpoint)
     run_available_now(frame(2), sink, checkpoint)
     expected += produce_input(kafka, source, COUNT, partitions=5, first=COUNT)
     run_available_now(frame(3), sink, checkpoint)
