@@ -12,12 +12,11 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStrea
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
+from oncekit.sources._reader import KafkaPartitionReader, KafkaRange
 from oncekit.sources.kafka import (
     FORMAT,
     HEADERS_FIELD,
     SCHEMA,
-    KafkaPartitionReader,
-    KafkaRange,
     KafkaSourceOptions,
     Offsets,
     _resolve,

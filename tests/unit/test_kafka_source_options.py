@@ -202,7 +202,8 @@ def test_max_partitions_groups_ranges_the_same_way_for_the_same_offsets() -> Non
     """A batch's tasks with maxPartitions: at most that many, the larger ranges spread first, each
     task reading its ranges in topic-partition order; the same offsets group the same way (a
     replay's task of an index reads what its first run's did)."""
-    from oncekit.sources._spark_kafka import KafkaRange, _ranges, _tasks
+    from oncekit.sources._reader import KafkaRange
+    from oncekit.sources._spark_kafka import _ranges, _tasks
 
     end = {"b": {str(p): 10 * (p + 1) for p in range(5)}, "a": {"0": 35}}
     ranges = _ranges({}, end)
