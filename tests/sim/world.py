@@ -96,6 +96,10 @@ class Scenario:
     """Between two steps, a fault comes about once in this many steps (while the budget lasts)."""
     max_steps: int = 40_000
 
+    def __post_init__(self) -> None:
+        if self.protocol not in PROTOCOLS:
+            raise ValueError(f"no simulated protocol {self.protocol!r}; one of {', '.join(PROTOCOLS)}")
+
 
 @dataclass(eq=False)
 class SimDriver:
