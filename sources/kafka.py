@@ -65,7 +65,7 @@ class KafkaSourceOptions:
     batch_size: int = 10_000
     max_partitions: int | None = None
     """At most this many tasks read a batch (option ``maxPartitions``): the topic-partitions'
-    ranges are grouped, each task reading its group one range after another; None, a task per
+    ranges are grouped, each task reading its group together on one consumer; None, a task per
     topic-partition with records to read."""
 
     def __repr__(self) -> str:
@@ -272,7 +272,7 @@ def kafka_stream(
         batch, its offsets decide.
     :param connector: who reads: ``"oncekit"`` or ``"spark"`` (above).
     :param max_partitions: (``"oncekit"`` only) at most this many tasks read a batch, each a
-        group of topic-partitions read one after another (the option ``maxPartitions``); None
+        group of topic-partitions read together by one consumer (the option ``maxPartitions``); None
         is the session's default parallelism (its cores) where the session can tell it (not
         from a Spark Connect client: a task per topic-partition there). A batch's tasks write
         its sink, and a task costs the sink a transaction, a marker or a staged file, so a topic
