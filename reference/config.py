@@ -81,8 +81,7 @@ class TablesConfig:
 @dataclass(frozen=True)
 class GuaranteesConfig:
     """The sink protocol of each output. Balances are fixed by the design (two-phase commit);
-    balance updates go out by Kafka transactions, or by the write-ahead log (which Spark's own
-    Kafka source needs, ``pipeline.source``); per-minute totals may use either exactly-once
+    balance updates go out by Kafka transactions or by the write-ahead log; per-minute totals may use either exactly-once
     protocol that merges by key."""
 
     balances: PostgresProtocol = "two-phase-commit"
@@ -124,10 +123,6 @@ class PipelineConfig:
                               f"got {self.guarantees.balance_updates!r}")
         if self.pipeline.source not in CONNECTORS:
             raise ConfigError(f"pipeline.source must be one of {', '.join(CONNECTORS)}, got {self.pipeline.source!r}")
-        if self.pipeline.source == "spark" and self.guarantees.balance_updates == "transactional":
-            raise ConfigError("pipeline.source = \"spark\" needs guarantees.balance_updates = \"write-ahead-log\": "
-                              "Spark's Kafka source may give a topic-partition to another task when it plans a batch "
-                              "again after a restart, which a transactional sink cannot recover from")
         if self.guarantees.minute_totals not in TOTALS_PROTOCOLS:
             raise ConfigError(f"guarantees.minute_totals must be one of {', '.join(TOTALS_PROTOCOLS)}, "
                               f"got {self.guarantees.minute_totals!r}")

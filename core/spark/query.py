@@ -353,7 +353,6 @@ def start_query(
     spark = frame.sparkSession
     refuse_unsupported_spark(spark.version)
     refuse_speculation(spark, sink)
-    refuse_moving_partitions(frame, sink)
     register_data_source(spark, sink.data_source())
     if "://" not in checkpoint and not checkpoint.startswith("file:"):
         checkpoint = os.path.abspath(checkpoint)

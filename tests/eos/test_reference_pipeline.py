@@ -88,16 +88,16 @@ def run_once(spark: Any, pipeline: ReferencePipeline) -> None:
 def test_on_spark_kafka_source_a_task_crash_and_restart_report_exactly_once(
     spark: Any, services: Services, kafka: KafkaConfig, unique_name: str, tmp_path: Path, crash_dir: Path,
 ) -> None:
-    """``pipeline.source = "spark"`` (with balance updates by write-ahead log): Spark's own Kafka
-    source reads the payments; a task dies after pre-committing batch 1, the query fails, and a
-    restart from the checkpoint, whose batch 1 Spark plans again, ends in a report that is OK."""
+    """``pipeline.source = "spark"``: Spark's own Kafka source reads the payments, and the balance
+    updates go out by Kafka transactions; a task dies after pre-committing batch 1, the query
+    fails, and a restart from the checkpoint, whose batch 1 Spark plans again, ends in a report
+    that is OK."""
     from oncekit.core.crash import arm, fired
     from oncekit.core.errors import PipelineError
     from oncekit.reference.demo import CRASH_BATCH, CRASH_POINT
     from tests.eos.pipeline import read_by
 
-    config = config_for(services, unique_name, **{"pipeline.max_offsets_per_trigger": 700, "pipeline.source": "spark",
-                                                  "guarantees.balance_updates": "write-ahead-log"})
+    config = config_for(services, unique_name, **{"pipeline.max_offsets_per_trigger": 700, "pipeline.source": "spark"})
     workload = Workload(count=2000, accounts=50, duplicates=0.01, late=0.02, malformed=0.005, seed=12)
     pipeline = ReferencePipeline(config, str(tmp_path / "checkpoint"))
     pipeline.prepare()
