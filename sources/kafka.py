@@ -254,9 +254,9 @@ def kafka_stream(
     the job's Spark version on its classpath: ``--packages`` or ``spark.jars.packages``), reading
     with ``kafka.isolation.level=read_committed`` unless ``options`` say otherwise. Both keep
     their offset ranges in Spark's checkpoint; Spark's reads without a Python worker, and may give
-    a topic-partition to another task when it plans a batch again after a restart, so
-    :func:`~oncekit.core.spark.query.start_query` refuses it in front of a sink that commits per
-    task (the Kafka ``transactional`` protocol).
+    a topic-partition to another task when it plans a batch again after a restart, so behind it
+    :func:`~oncekit.core.spark.query.start_query` spreads the rows over a sink that commits per
+    task (the Kafka ``transactional`` protocol) by a hash of their values.
 
     :param spark: the job's session.
     :param bootstrap_servers: the brokers, ``host:port[,host:port...]``.
@@ -290,8 +290,10 @@ def kafka_stream(
     if (topics is None) == ("subscribePattern" not in options):
         raise ConfigError("kafka_stream: give the topics, or subscribePattern='<regex>' as an option, not both")
     if connector == "oncekit":
+        from oncekit.core.spark.session import default_parallelism
+
         register(spark)
-        tasks = max_partitions if max_partitions is not None else _default_parallelism(spark)
+        tasks = max_partitions if max_partitions is not None else default_parallelism(spark)
         if tasks is not None:
             options = {"maxPartitions": str(tasks), **options}
         if bootstrap_servers != WARM_UP_SERVERS:  # the cluster the job's status page asks (oncekit run --ui)
@@ -318,15 +320,6 @@ def kafka_stream(
                               f"start the job with --packages {SPARK_CONNECTOR_PACKAGE}:{spark.version} (or set "
                               f"spark.jars.packages), or read with connector='oncekit'") from None
         raise
-
-
-def _default_parallelism(spark: SparkSession) -> int | None:
-    """The session's default parallelism; None where the session cannot tell (a Spark Connect
-    client has no SparkContext)."""
-    try:
-        return int(spark.sparkContext.defaultParallelism)
-    except Exception:  # noqa: BLE001 - Spark Connect: PySparkNotImplementedError, or no attribute
-        return None
 
 
 def offsets_for_timestamp(options: KafkaSourceOptions, marks: Mapping[tuple[str, int], tuple[int, int]],

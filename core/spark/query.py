@@ -32,7 +32,7 @@ from oncekit.core.protocol import SinkConfig
 from oncekit.core.run import QueryRun, settle
 from oncekit.core.spark.listener import CheckpointListener, listener
 from oncekit.core.spark.plan import reads_spark_kafka, refuse_changed_replay
-from oncekit.core.spark.session import is_connect, register_data_source
+from oncekit.core.spark.session import default_parallelism, is_connect, register_data_source
 from oncekit.core.spark.watchdog import BatchWatchdog
 from oncekit.core.spark_log import SparkLog
 
@@ -299,20 +299,40 @@ def _release_same_query_elsewhere(checkpoint: str) -> None:
         release_idle(lambda kept: kept.checkpoint != checkpoint and kept.query_id == query_id)
 
 
-def refuse_moving_partitions(frame: DataFrame, sink: SinkConfig) -> None:
-    """Called by :func:`start_query`: Spark's own Kafka source plans a batch's ranges in the
-    order of its map of offsets, which it reads back from the offset log when the batch is
-    planned again after a restart, so a topic-partition can land in another task than the first
-    time. A sink committing per task with a marker per partition (the ``transactional``
-    protocol) would then find another partition's records under its marker and refuse the
-    replay for good. Such a query is refused at its start, naming the way out."""
+def writers_in_place(frame: DataFrame, sink: SinkConfig) -> DataFrame:
+    """Called by :func:`start_query`: the frame a sink that commits per task writes, where the
+    source alone would not give a replayed batch's tasks their first rows.
+
+    Spark's own Kafka source plans a batch's ranges in the order of its map of offsets, which
+    it reads back from the offset log when the batch is planned again after a restart, so a
+    topic-partition can land in another task than the first time. The transactional Kafka sink
+    commits per task, with a marker per writer partition: a replay that gave partition 0 other
+    rows would be refused (its checksum differs) or, had partition 0 not committed yet, would
+    write rows another partition already committed. So behind Spark's source the rows go to
+    the writer tasks by a hash of their values: a replay reads the same records, and each
+    writer partition gets the same rows as the first time, however the source's tasks were
+    planned. The count of writer tasks is the session's default parallelism (on Spark Connect,
+    ``spark.sql.shuffle.partitions``); it is part of the plan the checkpoint records, so a
+    half-committed batch is not replayed with another count (:func:`refuse_changed_replay`)."""
     targets = list(sink.targets.values()) if isinstance(sink, FanOutConfig) else [sink]
     per_task = [target.sink_id for target in targets if target.protocol == "transactional"]
-    if per_task and reads_spark_kafka(frame):
-        raise ConfigError(f"sink {', '.join(per_task)}: Spark's Kafka source may give a topic-partition to another task "
-                          "when it plans a batch again after a restart, and a transactional sink commits per task, so "
-                          "it could not recover; read with kafka_stream(..., connector='oncekit'), or write with the "
-                          "write-ahead-log protocol")
+    if not per_task or not reads_spark_kafka(frame):
+        return frame
+    hashed = [field.name for field in frame.schema.fields if _hashable(field.dataType.simpleString())]
+    if not hashed:
+        raise ConfigError(f"sink {', '.join(per_task)}: behind Spark's Kafka source a transactional sink spreads the rows "
+                          "over its tasks by a hash of their columns, and every column is a map or variant, which "
+                          "Spark cannot hash; add a column of another type, or write with the write-ahead-log protocol")
+    spark = frame.sparkSession
+    tasks = default_parallelism(spark) or int(spark.conf.get("spark.sql.shuffle.partitions") or "200")
+    logger.info("sink %s: Spark's Kafka source: the rows go to %s writer tasks by a hash of %s",
+                ", ".join(per_task), tasks, ", ".join(hashed))
+    return frame.repartition(tasks, *hashed)
+
+
+def _hashable(type_name: str) -> bool:
+    """Whether Spark hashes a column of this type (maps and variants it refuses, at any depth)."""
+    return "map<" not in type_name and "variant" not in type_name
 
 
 def start_query(
@@ -353,6 +373,7 @@ def start_query(
     spark = frame.sparkSession
     refuse_unsupported_spark(spark.version)
     refuse_speculation(spark, sink)
+    frame = writers_in_place(frame, sink)
     register_data_source(spark, sink.data_source())
     if "://" not in checkpoint and not checkpoint.startswith("file:"):
         checkpoint = os.path.abspath(checkpoint)

@@ -53,6 +53,15 @@ def register_data_source(spark: SparkSession, source: type) -> None:
         jvm.org.apache.spark.sql.SparkSession.setActiveSession(session)
 
 
+def default_parallelism(spark: SparkSession) -> int | None:
+    """The session's default parallelism; None where the session cannot tell (a Spark Connect
+    client has no SparkContext)."""
+    try:
+        return int(spark.sparkContext.defaultParallelism)
+    except Exception:  # noqa: BLE001 - Spark Connect: PySparkNotImplementedError, or no attribute
+        return None
+
+
 def default_conf(cores: int | None = None) -> dict[str, str]:
     """Spark session settings oncekit's pipelines expect, where nobody chose otherwise.
 
