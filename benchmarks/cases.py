@@ -213,7 +213,7 @@ def kafka_group(bench: Bench) -> Table:
              Case(spark, lambda source, output: peers.run_available(
                  peers.spark_kafka_sink(kit_stream(bench, source), bench.servers, output))),
              quix("exactly-once"), quix("at-least-once"), streams_eos, streams_eos_1s, streams_alos, flink_eos,
-             kit("write-ahead-log", "spark")]
+             kit("write-ahead-log", "spark"), kit("transactional", "spark")]
     return run_group(bench, Group(
         "2. Kafka sinks", cases,
         prepare=lambda case, output: create_topic(bench.kafka, output, partitions=bench.options.partitions),
@@ -221,9 +221,10 @@ def kafka_group(bench: Bench) -> Table:
         ratios=[*(Ratio(c.name, spark) for c in cases[:3]), Ratio(transactional.name, cases[4].name),
                 Ratio(at_least_once.name, cases[5].name),
                 *(Ratio(transactional.name, c.name) for c in (streams_eos, streams_eos_1s, flink_eos)),
-                Ratio(at_least_once.name, streams_alos.name), Ratio(cases[-1].name, cases[1].name)],
-        notes=[f"Spark's sink and the kit's sinks are fed by the kit's source (the last case: by Spark's own, which "
-               "start_query refuses in front of the transactional sink); Quix Streams copies the same topic "
+                Ratio(at_least_once.name, streams_alos.name), Ratio(cases[-2].name, cases[1].name),
+                Ratio(cases[-1].name, transactional.name)],
+        notes=[f"Spark's sink and the kit's sinks are fed by the kit's source (the last two cases: by Spark's own, "
+               "whose rows reach the transactional sink's tasks through a shuffle by their hash); Quix Streams copies the same topic "
                f"with its own consumer, in a process of {bench.options.quix_python}. {bench.connector.describe()}.",
                f"{jvm.describe()}, with as many stream threads or as much parallelism as the input has "
                "partitions. Kafka Streams commits every 100 ms (its exactly-once default), every 1 s, and at "
