@@ -12,7 +12,6 @@ from ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL``, which pyarrow itself ignor
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Callable
 
 from pyarrow.fs import FileSelector, FileSystem, FileType, LocalFileSystem, S3FileSystem
@@ -59,7 +58,7 @@ def write_atomically(fs: FileSystem, path: str, data: bytes) -> None:
     HDFS make a closed file durable themselves."""
     parent = path.rsplit("/", 1)[0]
     fs.create_dir(parent, recursive=True)
-    temporary = f"{parent}/.{path.rsplit('/', 1)[1]}.{uuid.uuid4().hex}.tmp"
+    temporary = f"{parent}/.{path.rsplit('/', 1)[1]}.{os.urandom(16).hex()}.tmp"
     if isinstance(fs, LocalFileSystem):
         with open(temporary, "wb") as out:
             out.write(data)
