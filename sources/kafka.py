@@ -173,6 +173,10 @@ def _resolve(spec: str, watermarks: Mapping[tuple[str, int], tuple[int, int]], w
     return out
 
 
+EARLIEST, LATEST = -2, -1
+"""The timestamps Kafka's ListOffsets reads as a partition's first offset and its end."""
+
+
 def watermarks(options: KafkaSourceOptions) -> dict[tuple[str, int], tuple[int, int]]:
     """(low, high) per partition of the subscribed topics; with read_committed, high is the last
     stable offset, so open transactions are never planned into a batch. Called by the driver-side
@@ -193,7 +197,7 @@ def _watermarks_once(options: KafkaSourceOptions, timeout_s: float) -> dict[tupl
     attempt that failed is closed, not pooled, so the next attempt connects afresh."""
     with options.borrowed_consumer() as consumer:
         metadata = consumer.list_topics(timeout=timeout_s)
-        out = {}
+        wanted: list[tuple[str, int]] = []
         topics = options.topics
         if options.topic_pattern is not None:
             # A pattern picks up topics created after the query started, as Spark's own source does.
@@ -205,10 +209,16 @@ def _watermarks_once(options: KafkaSourceOptions, timeout_s: float) -> dict[tupl
                 raise ConfigError(f"{FORMAT}: topic {topic!r} does not exist")
             if described.error is not None:  # a leader on its way back: the next attempt asks again
                 raise KafkaException(described.error)
-            for partition in sorted(described.partitions):
-                out[(topic, partition)] = consumer.get_watermark_offsets(TopicPartition(topic, partition),
-                                                                         timeout=timeout_s)
-        return out
+            wanted += [(topic, partition) for partition in sorted(described.partitions)]
+        # Kafka's ListOffsets by the timestamps that mean "earliest" and "latest": a request per
+        # leader broker for all partitions, where get_watermark_offsets asks per partition. The
+        # consumer's isolation level applies: under read_committed, latest is the last stable offset.
+        low, high = ({(found.topic, found.partition): found for found in consumer.offsets_for_times(
+            [TopicPartition(t, p, spec) for t, p in wanted], timeout=timeout_s)} for spec in (EARLIEST, LATEST))
+        failed = next((found.error for found in [*low.values(), *high.values()] if found.error is not None), None)
+        if failed is not None:
+            raise KafkaException(failed)
+        return {key: (low[key].offset, high[key].offset) for key in wanted}
 
 
 def check_partitions(options: KafkaSourceOptions, start: Offsets, marks: Mapping[tuple[str, int], tuple[int, int]]) -> None:
