@@ -11,6 +11,7 @@ from ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL``, which pyarrow itself ignor
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 
@@ -31,17 +32,25 @@ def register_scheme(scheme: str, resolve: Callable[[str], tuple[FileSystem, str]
 
 def filesystem(location: str) -> tuple[FileSystem, str]:
     """The filesystem and the path within it for a Spark checkpoint location
-    (``/path``, ``file:/path``, ``hdfs://...``, ``s3a://...``)."""
+    (``/path``, ``file:/path``, ``hdfs://...``, ``s3a://...``). A remote filesystem is made once
+    per location and endpoint in a process (:func:`_remote`): the journal, the lease and Spark's
+    logs are opened many times a batch, and an HDFS client connects to its NameNode, an S3 one
+    resolves its credentials, when made."""
     scheme = location.split("://", 1)[0] if "://" in location else ""
     if scheme in _SCHEMES:
         return _SCHEMES[scheme](location)
     if "://" not in location and not location.startswith("file:"):
         return LocalFileSystem(), location.rstrip("/")
+    return _remote(location, next((os.environ[name] for name in ENDPOINT_ENVS if os.environ.get(name)), None))
+
+
+@functools.lru_cache(maxsize=64)
+def _remote(location: str, endpoint: str | None) -> tuple[FileSystem, str]:
+    """:func:`filesystem` of a URI; pyarrow's filesystems may be shared between threads."""
     if location.startswith("file:") and not location.startswith("file://"):
         location = "file://" + location[len("file:"):]
     if location.startswith(("s3a://", "s3n://")):
         location = "s3://" + location.split("://", 1)[1]
-    endpoint = next((os.environ[name] for name in ENDPOINT_ENVS if os.environ.get(name)), None)
     if location.startswith("s3://") and endpoint:
         scheme, _, host = endpoint.rpartition("://")
         return (S3FileSystem(endpoint_override=host.rstrip("/"), scheme=scheme or "https"),

@@ -40,3 +40,15 @@ def test_an_s3_compatible_stores_endpoint_comes_from_the_aws_environment(monkeyp
     assert isinstance(found, S3FileSystem) and path == "bucket/checkpoints/q"
     settings = found.__reduce__()[1][0]  # what pyarrow was built with; it has no getters for them
     assert (settings["endpoint_override"], settings["scheme"]) == ("minio.local:9000", "http")
+
+
+def test_a_remote_filesystem_is_made_once_per_location_and_endpoint(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The journal, the lease and Spark's logs open the checkpoint many times a batch; an HDFS
+    client connects to its NameNode and an S3 one resolves credentials when made."""
+    from oncekit.core.storage import filesystem
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://minio.local:9000")
+    first, again = filesystem("s3a://bucket/cache-test"), filesystem("s3a://bucket/cache-test")
+    assert first[0] is again[0] and first[1] == again[1] == "bucket/cache-test"
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://other.local:9000")
+    assert filesystem("s3a://bucket/cache-test")[0] is not first[0]
