@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import SparkSession
+from pyspark.sql.types import ArrayType, DataType, MapType, StructType, VariantType
 
 import oncekit
 from oncekit.core.compat import refuse_unsupported_spark
@@ -318,7 +319,7 @@ def writers_in_place(frame: DataFrame, sink: SinkConfig) -> DataFrame:
     per_task = [target.sink_id for target in targets if target.protocol == "transactional"]
     if not per_task or not reads_spark_kafka(frame):
         return frame
-    hashed = [field.name for field in frame.schema.fields if _hashable(field.dataType.simpleString())]
+    hashed = [field.name for field in frame.schema.fields if _hashable(field.dataType)]
     if not hashed:
         raise ConfigError(f"sink {', '.join(per_task)}: behind Spark's Kafka source a transactional sink spreads the rows "
                           "over its tasks by a hash of their columns, and every column is a map or variant, which "
@@ -330,9 +331,13 @@ def writers_in_place(frame: DataFrame, sink: SinkConfig) -> DataFrame:
     return frame.repartition(tasks, *hashed)
 
 
-def _hashable(type_name: str) -> bool:
+def _hashable(kind: DataType) -> bool:
     """Whether Spark hashes a column of this type (maps and variants it refuses, at any depth)."""
-    return "map<" not in type_name and "variant" not in type_name
+    if isinstance(kind, (MapType, VariantType)):
+        return False
+    if isinstance(kind, ArrayType):
+        return _hashable(kind.elementType)
+    return not isinstance(kind, StructType) or all(_hashable(field.dataType) for field in kind.fields)
 
 
 def start_query(

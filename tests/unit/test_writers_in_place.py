@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from pyspark.sql.types import BinaryType, IntegerType, MapType, StringType, StructField, StructType
+from pyspark.sql.types import ArrayType, BinaryType, IntegerType, MapType, StringType, StructField, StructType, VariantType
 
 from oncekit.core.errors import ConfigError
 from oncekit.core.fanout import fan_out
@@ -18,7 +18,9 @@ from oncekit.sinks.postgres import postgres_sink
 
 KAFKA_COLUMNS = StructType([StructField("key", BinaryType()), StructField("value", BinaryType()),
                             StructField("headers", MapType(StringType(), BinaryType())),
-                            StructField("target", StringType()), StructField("n", IntegerType())])
+                            StructField("target", StringType()), StructField("n", IntegerType()),
+                            StructField("variant", StructType([StructField("variant", IntegerType())])),
+                            StructField("tags", ArrayType(StructType([StructField("v", VariantType())])))])
 
 
 class _Context:
@@ -61,7 +63,8 @@ def test_a_transactional_sink_behind_spark_source_gets_its_rows_by_a_hash_of_eve
 ) -> None:
     frame = _Frame()
     assert query.writers_in_place(frame, kafka_sink("b:1", "t", "transactional")) is frame  # type: ignore[arg-type]
-    assert frame.repartitioned == (3, "key", "value", "target", "n")  # the map column: Spark cannot hash it
+    # a map, or a variant in an array: Spark cannot hash them; a field named "variant" it can
+    assert frame.repartitioned == (3, "key", "value", "target", "n", "variant")
 
 
 def test_from_a_spark_connect_client_the_count_is_the_shuffle_partitions(spark_source: None) -> None:
