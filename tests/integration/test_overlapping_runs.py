@@ -411,12 +411,15 @@ def _swallow(call: Callable[[], Any]) -> None:
 
 # -- found by the simulation: a driver whose Spark read the checkpoint before a takeover -------
 
+@pytest.mark.parametrize("partition", [0, 1])
 def test_a_driver_whose_spark_is_behind_never_writes_an_older_idempotent_batch_over_a_newer_one(
-    postgres_dsn: str, unique_name: str, tmp_path: Path,
+    postgres_dsn: str, unique_name: str, tmp_path: Path, partition: int,
 ) -> None:
     """Driver B's Spark planned batch 0 and B paused before its first writer; driver A took over
-    and wrote batches 0 to 2. B wakes, takes the newest epoch (its first writer comes now) and
-    runs the batch 0 its Spark planned: its rows of batch 0 must not overwrite batch 2's."""
+    and wrote batches 0 to 2, each in one task. B wakes, takes the newest epoch (its first writer
+    comes now) and runs the batch 0 its Spark planned: its rows of batch 0 must not overwrite
+    batch 2's, whether its task is the partition A wrote or one A's plan did not have (found by
+    the simulation once runs plan their batches in different task counts)."""
     table(postgres_dsn, unique_name, keyed=True)
     spark_logged(tmp_path, planned=[0, 1, 2], committed=[0, 1, 2])
     a = run(postgres_dsn, unique_name, tmp_path, "idempotent", "a", key_columns=("id",))
@@ -425,8 +428,8 @@ def test_a_driver_whose_spark_is_behind_never_writes_an_older_idempotent_batch_o
         a.write_task(TaskInfo(sink_id, batch, 0, batch, epoch=a.epoch), iter([pa.record_batch(
             [pa.array([1], pa.int32()), pa.array([f"batch {batch}"])], names=["id", "payload"])]))
     b = run(postgres_dsn, unique_name, tmp_path, "idempotent", "b", key_columns=("id",))
-    with pytest.raises(OncekitError, match="holds this partition's rows of a later batch"):
-        b.write_task(TaskInfo(sink_id, 0, 0, 0, epoch=b.epoch), iter([pa.record_batch(
+    with pytest.raises(OncekitError, match="rows of a later batch"):
+        b.write_task(TaskInfo(sink_id, 0, partition, 0, epoch=b.epoch), iter([pa.record_batch(
             [pa.array([1], pa.int32()), pa.array(["batch 0"])], names=["id", "payload"])]))
     with psycopg.connect(postgres_dsn) as conn:
         assert conn.execute(f"SELECT payload FROM {unique_name} WHERE id = 1").fetchone() == ("batch 2",)

@@ -90,6 +90,13 @@ class Scenario:
     batches: int = 3
     partitions: int = 2
     rows: int = 2
+    """A batch's input: ``partitions`` of ``rows`` rows each."""
+    writer_tasks: tuple[int, ...] = (1, 2, 3)
+    """The counts of tasks a run may split each batch's input into, one drawn per run: Spark
+    plans a replayed batch anew, and a restart may change the plan (``repartition(2)`` to
+    ``repartition(4)``), which every protocol but the transactional Kafka sink's must take.
+    That sink keeps ``partitions`` (``start_query`` refuses another plan for a half-committed
+    batch, outside the simulation)."""
     drivers: int = 2
     faults: int = 3
     fault_one_in: int = 60
@@ -178,11 +185,20 @@ class World:
                     row["target"] = "a" if row["id"] % 2 else "b"
         return out
 
-    def batches_of(self, batch_id: int, partition: int) -> Iterator[pa.RecordBatch]:
-        key = (self.scenario.protocol, self.scenario.rows, batch_id, partition)
+    def batches_of(self, batch_id: int, task: int, tasks: int) -> Iterator[pa.RecordBatch]:
+        """Task ``task``'s input of batch ``batch_id`` planned in ``tasks`` tasks: every
+        ``tasks``-th row of the batch, so that any plan gives the batch the same rows."""
+        key = (self.scenario.protocol, self.scenario.rows, self.scenario.partitions, batch_id, task, tasks)
         if key not in _BATCHES:
-            _BATCHES[key] = pa.RecordBatch.from_pylist(self.rows(batch_id, partition))
+            rows = [row for p in range(self.scenario.partitions) for row in self.rows(batch_id, p)]
+            _BATCHES[key] = pa.RecordBatch.from_pylist(rows[task::tasks])
         yield _BATCHES[key]
+
+    def plan_tasks(self) -> int:
+        """How many tasks a run splits each batch into (:attr:`Scenario.writer_tasks`)."""
+        if self.scenario.protocol == "kafka-transactional":
+            return self.scenario.partitions
+        return self.scenario.writer_tasks[self.choices.pick(len(self.scenario.writer_tasks))]
 
     # -- processes -----------------------------------------------------------------------------
 
@@ -254,6 +270,7 @@ class World:
                              lambda: self.listener(token, state))
         log = SparkLog(self.checkpoint)
         planned, completed = log.latest_planned(), log.latest_completed()  # read once, at the start
+        tasks = self.plan_tasks()
         try:
             while True:
                 if keeper.taken_by() is not None:
@@ -268,7 +285,7 @@ class World:
                     planned = batch_id
                 epoch = open_run(self.config, self.checkpoint, run)[0].epoch  # the batch's stream writer
                 try:
-                    committables = self.run_tasks(driver, epoch, batch_id)
+                    committables = self.run_tasks(driver, epoch, batch_id, tasks)
                 except BatchFailed as failed:
                     CheckpointEngine.of(self.config, self.checkpoint, epoch).abort(batch_id, failed.args[0])
                     raise
@@ -315,7 +332,7 @@ class World:
         if path.startswith("/cp/commits/"):
             self.latest_commit = max(self.latest_commit, int(path.rsplit("/", 1)[1]))
 
-    def run_tasks(self, driver: SimDriver, epoch: int, batch_id: int) -> list[Committable]:
+    def run_tasks(self, driver: SimDriver, epoch: int, batch_id: int, tasks: int) -> list[Committable]:
         results: dict[int, list[Committable]] = {}
         failures: collections.Counter[int] = collections.Counter()
         running: dict[int, Any] = {}
@@ -323,7 +340,7 @@ class World:
         def task(partition: int, attempt: int) -> None:
             info = TaskInfo(self.config.sink_id, batch_id, partition, attempt, epoch)
             written = CheckpointEngine.of(self.config, self.checkpoint, epoch).write_task(
-                info, self.batches_of(batch_id, partition))
+                info, self.batches_of(batch_id, partition, tasks))
             if self.faults_left > 0 and self.choices.chance(8):
                 self.fault(f"task {batch_id}/{partition} attempt {attempt} fails after its pre-commit")
                 raise TaskFailed()
@@ -334,9 +351,9 @@ class World:
             running[partition] = self.scheduler.spawn(f"task {batch_id}/{partition}#{attempt}", self.executor,
                                                       lambda: task(partition, attempt))
 
-        for partition in range(self.scenario.partitions):
+        for partition in range(tasks):
             launch(partition)
-        while len(results) < self.scenario.partitions:
+        while len(results) < tasks:
             self.scheduler.wait_until(lambda: any(a.done for a in running.values()), 3600.0, "tasks")
             for partition, actor in list(running.items()):
                 if not actor.done:
