@@ -13,7 +13,8 @@ The kit's tables, in the target's schema:
   entry of the batch is its decision (``decided``) or can never be (``vetoed``).
 - ``oncekit_checkpoints`` (write-ahead log): one row per published (sink, batch).
 - ``oncekit_partitions`` (idempotent): per (sink, partition), the newest batch whose rows of that
-  partition are written, so that an older batch's rows never overwrite a newer one's.
+  partition are written; a task writes no batch older than the newest of any partition, so that
+  an older batch's rows never overwrite a newer one's, however either run planned its tasks.
 """
 
 from __future__ import annotations

@@ -258,11 +258,13 @@ class PsycopgTarget(PostgresTarget):
             if epoch is not None:
                 where = f"batch {task.batch_id} partition {task.partition_id}"
                 self.fence(conn, epoch, where, lock=True)
+                # Any partition's later batch refuses this one: a newer run may plan fewer tasks.
                 newest = conn.execute(sql.SQL(
-                    "INSERT INTO {table} AS p (sink_id, partition_id, batch_id) VALUES (%s, %s, %s) ON CONFLICT "
-                    "(sink_id, partition_id) DO UPDATE SET batch_id = EXCLUDED.batch_id WHERE p.batch_id <= EXCLUDED.batch_id "
-                    "RETURNING batch_id").format(table=identifier(in_schema_of(self.config.table, PARTITION_TABLE))),
-                    (self.sink_id, task.partition_id, task.batch_id)).fetchone()
+                    "INSERT INTO {table} AS p (sink_id, partition_id, batch_id) SELECT %s, %s, %s WHERE NOT EXISTS "
+                    "(SELECT 1 FROM {table} WHERE sink_id = %s AND batch_id > %s) ON CONFLICT (sink_id, partition_id) "
+                    "DO UPDATE SET batch_id = EXCLUDED.batch_id RETURNING batch_id").format(
+                        table=identifier(in_schema_of(self.config.table, PARTITION_TABLE))),
+                    (self.sink_id, task.partition_id, task.batch_id, self.sink_id, task.batch_id)).fetchone()
                 if newest is None:
                     raise older_batch(self.sink_id, where)
             conn.commit()

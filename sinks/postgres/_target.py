@@ -145,13 +145,13 @@ class PostgresTarget(ABC):
     @abstractmethod
     def write_and_commit(self, task: TaskInfo, batches: Iterator[pa.RecordBatch], epoch: int | None) -> int:
         """A task's partition in one transaction of its own, committed; fenced by ``epoch`` and
-        by the partition's newest batch in ``oncekit_partitions`` (CommitError when it is newer
-        than the task's), or, for None, unfenced (the at-least-once protocol). The rows written."""
+        by the sink's newest batch in ``oncekit_partitions``, over every partition (CommitError
+        when it is newer than the task's: a newer run may have planned fewer tasks), or, for None, unfenced (the at-least-once protocol). The rows written."""
 
 
 def older_batch(sink_id: str, where: str) -> CommitError:
-    """The refusal of a partition's rows of an older batch than the target holds already."""
-    return CommitError(f"sink {sink_id} {where}: the target holds this partition's rows of a later batch already: this "
+    """The refusal of a task's rows of an older batch than the target holds already."""
+    return CommitError(f"sink {sink_id} {where}: the target holds rows of a later batch already: this "
                        "driver's Spark runs a batch that another driver completed (it read the checkpoint before that "
                        "driver's batches); nothing of it is written, and its restart reads the checkpoint again")
 

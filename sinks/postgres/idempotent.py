@@ -14,8 +14,8 @@ from oncekit.sinks.postgres._common import PARTITION_TABLE, PostgresSinkBase
 class PostgresIdempotentSink(PostgresSinkBase, IdempotentSink):
     """Tasks merge by key and commit at once: a replayed batch rewrites the same rows. The task's
     transaction checks, before its commit, the sink's epoch (a stale task of a superseded run
-    never puts an older value back over a newer run's) and the newest batch its partition's rows
-    come from (``oncekit_partitions``): a driver whose Spark read the checkpoint before another
+    never puts an older value back over a newer run's) and the newest batch any partition's rows
+    come from (``oncekit_partitions``; a newer run may have planned fewer tasks): a driver whose Spark read the checkpoint before another
     driver wrote later batches, and then took the newest epoch, cannot write an older batch over
     them either (CommitError, and its restart reads the checkpoint again)."""
 

@@ -380,10 +380,10 @@ class SimPostgresTarget(PostgresTarget):
             if epoch is not None:
                 where = f"batch {task.batch_id} partition {task.partition_id}"
                 self._fence(txn, epoch, where, lock=True)
-                key = (self.sink_id, task.partition_id)
-                if server.partitions.get(key, -1) > task.batch_id:
+                if any(batch > task.batch_id for (sink_id, _), batch in server.partitions.items()
+                       if sink_id == self.sink_id):
                     raise older_batch(self.sink_id, where)
-                server.partitions[key] = task.batch_id
+                server.partitions[(self.sink_id, task.partition_id)] = task.batch_id
             server.statement(txn, "commit")
         except BaseException:
             server.rollback(txn)
