@@ -94,9 +94,11 @@ class Scenario:
     writer_tasks: tuple[int, ...] = (1, 2, 3)
     """The counts of tasks a run may split each batch's input into, one drawn per run: Spark
     plans a replayed batch anew, and a restart may change the plan (``repartition(2)`` to
-    ``repartition(4)``), which every protocol but the transactional Kafka sink's must take.
-    That sink keeps ``partitions`` (``start_query`` refuses another plan for a half-committed
-    batch, outside the simulation)."""
+    ``repartition(4)``, or a standby with other cores). ``start_query``'s check of the plan
+    (outside the simulation) refuses another plan while a batch of a sink that commits in its
+    tasks is pending; the simulation leaves it out, so the idempotent sink must hold without it
+    (where a session cannot show its plan, nothing is checked). The transactional Kafka sink
+    cannot, and keeps ``partitions``."""
     drivers: int = 2
     faults: int = 3
     fault_one_in: int = 60
