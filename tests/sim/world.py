@@ -96,9 +96,9 @@ class Scenario:
     plans a replayed batch anew, and a restart may change the plan (``repartition(2)`` to
     ``repartition(4)``, or a standby with other cores). ``start_query``'s check of the plan
     (outside the simulation) refuses another plan while a batch of a sink that commits in its
-    tasks is pending; the simulation leaves it out, so the idempotent sink must hold without it
-    (where a session cannot show its plan, nothing is checked). The transactional Kafka sink
-    cannot, and keeps ``partitions``."""
+    tasks is pending; the simulation leaves it out for the idempotent sink, which must hold
+    without it (where a session cannot show its plan, nothing is checked), and keeps it for the
+    transactional Kafka sink, which cannot (:meth:`World.plan_tasks`)."""
     drivers: int = 2
     faults: int = 3
     fault_one_in: int = 60
@@ -157,6 +157,8 @@ class World:
         self.last_fault_step = 0
         self.violations: list[str] = []
         self.latest_commit = -1
+        self.planned_with: dict[int, int] = {}
+        """The task count of the run that planned each batch (its offset-log entry)."""
         """The newest batch in Spark's commit log, as its progress events tell the listeners."""
         self.store.put("/cp/metadata", json.dumps({"id": "query-1"}).encode())
 
@@ -196,11 +198,14 @@ class World:
             _BATCHES[key] = pa.RecordBatch.from_pylist(rows[task::tasks])
         yield _BATCHES[key]
 
-    def plan_tasks(self) -> int:
-        """How many tasks a run splits each batch into (:attr:`Scenario.writer_tasks`)."""
-        if self.scenario.protocol == "kafka-transactional":
-            return self.scenario.partitions
-        return self.scenario.writer_tasks[self.choices.pick(len(self.scenario.writer_tasks))]
+    def plan_tasks(self, pending: int | None) -> int:
+        """How many tasks a run splits each batch into (:attr:`Scenario.writer_tasks`); for the
+        transactional Kafka sink, a run that finds batch ``pending`` planned and not complete
+        keeps the count that planned it, as ``start_query``'s plan check makes it."""
+        drawn = self.scenario.writer_tasks[self.choices.pick(len(self.scenario.writer_tasks))]
+        if self.scenario.protocol == "kafka-transactional" and pending is not None:
+            return self.planned_with.get(pending, drawn)
+        return drawn
 
     # -- processes -----------------------------------------------------------------------------
 
@@ -272,7 +277,7 @@ class World:
                              lambda: self.listener(token, state))
         log = SparkLog(self.checkpoint)
         planned, completed = log.latest_planned(), log.latest_completed()  # read once, at the start
-        tasks = self.plan_tasks()
+        tasks = self.plan_tasks(planned if planned is not None and (completed is None or planned > completed) else None)
         try:
             while True:
                 if keeper.taken_by() is not None:
@@ -284,6 +289,7 @@ class World:
                     if batch_id >= self.scenario.batches:
                         break
                     self.write_once(f"/cp/offsets/{batch_id}")
+                    self.planned_with[batch_id] = tasks
                     planned = batch_id
                 epoch = open_run(self.config, self.checkpoint, run)[0].epoch  # the batch's stream writer
                 try:
