@@ -157,9 +157,9 @@ class World:
         self.last_fault_step = 0
         self.violations: list[str] = []
         self.latest_commit = -1
+        """The newest batch in Spark's commit log, as its progress events tell the listeners."""
         self.planned_with: dict[int, int] = {}
         """The task count of the run that planned each batch (its offset-log entry)."""
-        """The newest batch in Spark's commit log, as its progress events tell the listeners."""
         self.store.put("/cp/metadata", json.dumps({"id": "query-1"}).encode())
 
     # -- the query -----------------------------------------------------------------------------
