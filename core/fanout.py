@@ -119,6 +119,11 @@ class FanOutConfig(SinkConfig):
         return FanOutSink(self, {route: config.build(checkpoint) for route, config in self.targets.items()})
 
 
+def sinks_of(config: SinkConfig) -> list[SinkConfig]:
+    """The sinks ``config`` writes: a fan-out's targets, or ``config`` itself."""
+    return list(config.targets.values()) if isinstance(config, FanOutConfig) else [config]
+
+
 def fan_out(targets: Mapping[str, SinkConfig], route_column: str = "target", sink_id: str = "") -> FanOutConfig:
     """One query into several targets, each exactly once, through one checkpoint:
     ``fan_out({"balances": postgres_sink(...), "updates": kafka_sink(...)})`` for a stream whose

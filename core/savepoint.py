@@ -276,14 +276,14 @@ def replay_notes(savepoint: Savepoint, sinks: Mapping[str, SinkConfig]) -> list[
     """For ``oncekit pipeline run --from-savepoint``: per query, from which batch on the restored pipeline
     replays what its sinks (``sinks``: query name -> sink, fan-outs taken apart) may have
     written since the savepoint, and what each sink does with those batches."""
-    from oncekit.core.fanout import FanOutConfig
+    from oncekit.core.fanout import sinks_of
 
     notes = []
     for query in savepoint.queries:
         config = sinks.get(query.name)
         if config is None:
             continue
-        targets = list(config.targets.values()) if isinstance(config, FanOutConfig) else [config]
+        targets = sinks_of(config)
         after = "its first batch" if query.batch_id is None else f"batch {query.batch_id}"
         notes.append(f"query {query.name} resumes after {after}; batches its sinks wrote after the savepoint are:")
         for target in targets:

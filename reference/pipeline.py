@@ -43,7 +43,7 @@ from oncekit.core import savepoint as savepoints
 from oncekit.core.engine import CheckpointEngine
 from oncekit.core.errors import ConfigError, PipelineError, SavepointError
 from oncekit.core.restart import supervise
-from oncekit.core.fanout import FanOutConfig, fan_out
+from oncekit.core.fanout import FanOutConfig, fan_out, sinks_of
 from oncekit.core.savepoint import Savepoint
 from oncekit.core.spark_log import SparkLog
 from oncekit.reference import outputs
@@ -90,7 +90,7 @@ class QuerySpec:
         """A hash of what must not change between a savepoint and its restore: the query's
         name, its sinks (format, id, protocol, target, keys of each; not the addresses) and
         operators, and its output schema."""
-        sinks = list(self.sink.targets.values()) if isinstance(self.sink, FanOutConfig) else [self.sink]
+        sinks = sinks_of(self.sink)
         identity = {
             "query": self.name,
             "sinks": [[s.format_name, s.sink_id, o.get("protocol"), o.get("table") or o.get("topic"), o.get("keycolumns", "")]

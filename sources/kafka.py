@@ -210,15 +210,22 @@ def _watermarks_once(options: KafkaSourceOptions, timeout_s: float) -> dict[tupl
             if described.error is not None:  # a leader on its way back: the next attempt asks again
                 raise KafkaException(described.error)
             wanted += [(topic, partition) for partition in sorted(described.partitions)]
-        # Kafka's ListOffsets by the timestamps that mean "earliest" and "latest": a request per
-        # leader broker for all partitions, where get_watermark_offsets asks per partition. The
-        # consumer's isolation level applies: under read_committed, latest is the last stable offset.
-        low, high = ({(found.topic, found.partition): found for found in consumer.offsets_for_times(
-            [TopicPartition(t, p, spec) for t, p in wanted], timeout=timeout_s)} for spec in (EARLIEST, LATEST))
-        failed = next((found.error for found in [*low.values(), *high.values()] if found.error is not None), None)
-        if failed is not None:
-            raise KafkaException(failed)
-        return {key: (low[key].offset, high[key].offset) for key in wanted}
+        # Two requests per leader broker for all partitions, where get_watermark_offsets asks per
+        # partition. Under read_committed, LATEST is the last stable offset.
+        low, high = (_offsets_at(consumer, wanted, timestamp, timeout_s) for timestamp in (EARLIEST, LATEST))
+        return {key: (low[key], high[key]) for key in wanted}
+
+
+def _offsets_at(consumer: Consumer, partitions: Sequence[tuple[str, int]], timestamp_ms: int,
+                timeout_s: float) -> dict[tuple[str, int], int]:
+    """Per partition, Kafka's ListOffsets answer for ``timestamp_ms`` (:data:`EARLIEST`,
+    :data:`LATEST`, or a time: the first offset at or after it, -1 when there is none), in the
+    consumer's isolation level, one request per leader; KafkaException for a partition's error."""
+    found = consumer.offsets_for_times([TopicPartition(t, p, timestamp_ms) for t, p in partitions], timeout=timeout_s)
+    failed = next((answer.error for answer in found if answer.error is not None), None)
+    if failed is not None:
+        raise KafkaException(failed)
+    return {(answer.topic, answer.partition): answer.offset for answer in found}
 
 
 def check_partitions(options: KafkaSourceOptions, start: Offsets, marks: Mapping[tuple[str, int], tuple[int, int]]) -> None:
@@ -337,10 +344,10 @@ def offsets_for_timestamp(options: KafkaSourceOptions, marks: Mapping[tuple[str,
     """Per partition, the first offset whose record timestamp is at or after ``timestamp_ms``
     (the partition's end when there is none)."""
     with options.borrowed_consumer() as consumer:
-        found = consumer.offsets_for_times([TopicPartition(t, p, timestamp_ms) for t, p in marks], timeout=30)
+        found = _offsets_at(consumer, list(marks), timestamp_ms, 30)
     out: Offsets = {}
-    for tp in found:
-        out.setdefault(tp.topic, {})[str(tp.partition)] = tp.offset if tp.offset >= 0 else marks[(tp.topic, tp.partition)][1]
+    for (topic, partition), offset in found.items():
+        out.setdefault(topic, {})[str(partition)] = offset if offset >= 0 else marks[(topic, partition)][1]
     return out
 
 

@@ -27,7 +27,7 @@ import oncekit
 from oncekit.core.compat import refuse_unsupported_spark
 from oncekit.core.engine import CheckpointEngine
 from oncekit.core.errors import ConfigError, LeaseLostError, as_oncekit_error
-from oncekit.core.fanout import FanOutConfig
+from oncekit.core.fanout import sinks_of
 from oncekit.core.lease import keeper, release_idle
 from oncekit.core.protocol import SinkConfig
 from oncekit.core.run import QueryRun, settle
@@ -315,8 +315,7 @@ def writers_in_place(frame: DataFrame, sink: SinkConfig) -> DataFrame:
     planned. The count of writer tasks is the session's default parallelism (on Spark Connect,
     ``spark.sql.shuffle.partitions``); it is part of the plan the checkpoint records, so a
     half-committed batch is not replayed with another count (:func:`refuse_changed_replay`)."""
-    targets = list(sink.targets.values()) if isinstance(sink, FanOutConfig) else [sink]
-    per_task = [target.sink_id for target in targets if target.protocol == "transactional"]
+    per_task = [target.sink_id for target in sinks_of(sink) if target.protocol == "transactional"]
     if not per_task or not reads_spark_kafka(frame):
         return frame
     hashed = [field.name for field in frame.schema.fields if _hashable(field.dataType)]
