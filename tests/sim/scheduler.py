@@ -92,6 +92,9 @@ class Actor:
     wake_at: float = 0.0
     ready: Callable[[], bool] | None = None
     error: BaseException | None = None
+    woke: bool = True
+    """Chosen to run just now after it started, slept or waited: its next operation needs no
+    step of its own (:meth:`Scheduler.step`)."""
 
 
 class VirtualClock:
@@ -123,22 +126,40 @@ class Scheduler:
         self.trace: list[str] | None = [] if trace else None
         self._main = greenlet.getcurrent()
         self._ended = False  # an actor finished or a process was killed: drop them from actors
+        self._max_steps = 0
+        self._between: Callable[[], None] = lambda: None
+        self._outcome: bool | None = None  # how the schedule ended: every actor done, or the step budget
 
     # -- called by actors (through the models) ---------------------------------------------------
 
     def step(self, label: Label = "", wake_at: float = 0.0) -> None:
-        """An actor reached an operation: let the scheduler choose who goes on (this actor again
-        no earlier than ``wake_at``)."""
+        """An actor reached an operation (or sleeps or waits, with ``wake_at``): choose who goes
+        on (this actor again no earlier than ``wake_at``). The choice is made here, in the
+        actor's greenlet, and control passes straight to the chosen actor: none when it is this
+        one (most steps), and back to :meth:`run` only when the schedule ends.
+
+        The first operation of an actor chosen after it started, slept or waited goes on at once:
+        the choice that woke it was its scheduling point (any later moment for it is reached by
+        choosing others first), and nothing it does in between can be seen."""
         actor = self.current
         if actor is None:
             return  # outside the simulation (building the world)
         process = actor.process
         if process.dead:
             raise Killed()
-        actor.wake_at = wake_at
         if self.trace is not None:
             self.trace.append(f"{self.time:9.3f} {actor.name}: {text(label)}")
-        self._main.switch()
+        if actor.woke:
+            actor.woke = False
+            if not wake_at:
+                return
+        actor.wake_at = wake_at
+        self.current = None
+        chosen = self._next()
+        if chosen is not actor:
+            (self._main if chosen is None else chosen.glet).switch()
+        self.current = actor
+        actor.woke = bool(wake_at)
         if process.dead:
             raise Killed()
 
@@ -204,21 +225,33 @@ class Scheduler:
 
     def run(self, max_steps: int, between: Callable[[], None] = lambda: None) -> bool:
         """Run until every live actor is done (True) or ``max_steps`` steps (False); ``between``
-        runs before each step (the world's faults).
+        runs before each step (the world's faults). Actors pass control among themselves
+        (:meth:`step`); it comes back here when one ends or the schedule does."""
+        self._max_steps, self._between, self._outcome = max_steps, between, None
+        while self._outcome is None:
+            actor = self._next()
+            if actor is not None:
+                actor.glet.switch()
+            self.current = None
+        return self._outcome
+
+    def _next(self) -> Actor | None:
+        """Count a step and choose the actor it runs, as :class:`Choices` say (the chosen one is
+        :attr:`current` from here on); None when the schedule ended (:attr:`_outcome` says how).
 
         An actor is runnable when its process is neither dead nor paused and its wait is over
         (its ``ready()`` is asked first, every time: the models' conditions end expired sessions);
         the first live actor in spawning order is choice 0. When none is, time jumps to the
         earliest wake-up."""
-        pick = self.choices.pick
-        while self.steps < max_steps:
+        while self.steps < self._max_steps:
             if self._ended:
                 self._ended = False
                 self.actors = [a for a in self.actors if not a.done and not a.process.dead]
             live = self.actors  # a process killed by ``between`` leaves it at the next step
             if not live:
-                return True
-            between()
+                self._outcome = True
+                return None
+            self._between()
             now = self.time
             runnable = []
             for actor in live:
@@ -231,13 +264,13 @@ class Scheduler:
             if not runnable:
                 self.time = max(now + STEP_S, min([max(a.wake_at, a.process.paused_until) for a in live]))
                 continue
-            actor = runnable[pick(len(runnable))] if len(runnable) > 1 else runnable[0]
+            actor = runnable[self.choices.pick(len(runnable))] if len(runnable) > 1 else runnable[0]
             self.current = actor
             self.steps += 1
             self.time = now + STEP_S
-            actor.glet.switch()
-            self.current = None
-        return False
+            return actor
+        self._outcome = False
+        return None
 
     def close(self) -> None:
         """End the simulation: every greenlet still suspended is thrown out (its process counts as
