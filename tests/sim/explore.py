@@ -49,10 +49,15 @@ def explore(scenario: Scenario, schedules: int, first_seed: int, processes: int 
     """Run ``schedules`` seeds from ``first_seed``; the first failure, or None. With
     ``processes`` > 1 the seeds run in chunks of :data:`CHUNK` by that many forked processes;
     each chunk stops at its first failure, the chunks not started yet are cancelled once one
-    failed, and the failure of the lowest seed among those that ran is returned."""
+    failed, and the failure of the lowest seed among those that ran is returned. The first seed
+    runs here, before the fork, so that what a first schedule loads (pandas, which pyarrow
+    imports when it first builds a batch: half a second) is loaded once, not in every process."""
     if processes <= 1 or schedules < 2 * CHUNK:
         return _explore_range(scenario, first_seed, schedules)
-    chunks = [(first_seed + start, min(CHUNK, schedules - start)) for start in range(0, schedules, CHUNK)]
+    first = _explore_range(scenario, first_seed, 1)
+    if first is not None:
+        return first
+    chunks = [(first_seed + start, min(CHUNK, schedules - start)) for start in range(1, schedules, CHUNK)]
     failures: list[Failure] = []
     with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("fork")) as pool:
         running = [pool.submit(_explore_range, scenario, seed, count) for seed, count in chunks]
