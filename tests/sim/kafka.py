@@ -144,14 +144,20 @@ class Producer:
 
     def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None, partition: int = -1,
                 **kwargs: Any) -> None:
-        self.cluster.step(lambda: f"produce {topic}")
-        if topic not in self.cluster.topics:
-            raise _error(KafkaError._UNKNOWN_TOPIC, f"unknown topic {topic}")
-        count = len(self.cluster.topics[topic])
-        if partition < 0:
-            partition = zlib.crc32(key) % count if key is not None else self._round_robin % count
+        """A record, a scheduling point when another process can tell it was sent: a write
+        outside a transaction, or a transaction's first to its partition (AddPartitionsToTxn,
+        after which a reader under read_committed stops before it). Later records of the
+        transaction in that partition are seen by nobody until it ends, so a step before each
+        would add interleavings that no process can tell apart."""
+        topics = self.cluster.topics
+        if partition < 0 and topic in topics:
+            partition = zlib.crc32(key) % len(topics[topic]) if key is not None else self._round_robin % len(topics[topic])
             self._round_robin += 1
-        if partition >= count:
+        if self.transactional_id is None or self.txn is None or (topic, partition) not in self.txn.partitions:
+            self.cluster.step(lambda: f"produce {topic}")
+        if topic not in topics:
+            raise _error(KafkaError._UNKNOWN_TOPIC, f"unknown topic {topic}")
+        if partition >= len(topics[topic]):
             raise _error(KafkaError._UNKNOWN_PARTITION, f"unknown partition {topic}[{partition}]")
         if self.transactional_id is None:
             self.cluster.topics[topic][partition].append(Record(key, value, "committed"))
