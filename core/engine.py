@@ -33,7 +33,7 @@ be committed.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -75,6 +75,7 @@ class CheckpointEngine:
         self.location = checkpoint
         self.journal = Journal(checkpoint, sink.sink_id)
         self.epoch = epoch
+        self._query_id: str | None = None
         sink.act_for(epoch)
 
     @classmethod
@@ -90,29 +91,32 @@ class CheckpointEngine:
         epoch = Journal(checkpoint, config.sink_id).epoch_of(token) if token else None
         return None if epoch is None else cls.of(config, checkpoint, epoch)
 
-    def preflight(self) -> None:
+    def preflight(self, runs: Mapping[str, int] | None = None) -> None:
         """Driver, once per query start (the stream writer): the sink's checks, then whether the
         sink id is free for this checkpoint's query
-        (:meth:`~oncekit.core.protocol.Sink.refuse_claimed`)."""
-        self.sink.preflight(resumed=self.journal.run() is not None)
+        (:meth:`~oncekit.core.protocol.Sink.refuse_claimed`). ``runs``: the journal's runs, when
+        the caller listed them this step (:meth:`~oncekit.core.journal.Journal.runs`)."""
+        self.sink.preflight(resumed=bool(self.journal.runs() if runs is None else runs))
         owner = self._owner()
         if owner is not None:
             self.sink.refuse_claimed(owner, owner_in_use)
 
-    def start_run(self, token: str, on_epoch: Callable[[int], object] = lambda epoch: None) -> RecoveryReport:
+    def start_run(self, token: str, on_epoch: Callable[[int], object] = lambda epoch: None,
+                  runs: Mapping[str, int] | None = None) -> RecoveryReport:
         """Driver, the first stream writer of query run ``token``, after :meth:`preflight`: take
         the run's epoch at the target (:meth:`~oncekit.core.protocol.Sink.take_epoch`: one
         linearizable step, so no other run holds it, and the target refuses every older run's
-        acts from then on), tell ``on_epoch`` (the run records it in the query's lease), record
-        it in the journal, recover under it, then claim the sink id for this checkpoint's query
-        (:meth:`~oncekit.core.protocol.Sink.claim`, fenced at the target)."""
-        epoch = self.sink.take_epoch(self.journal.latest_epoch())
+        acts from then on; the journal's newest epoch is its floor, from ``runs`` when the caller
+        listed them this step), tell ``on_epoch`` (the run records it in the query's lease),
+        record it in the journal, recover under it, then claim the sink id for this checkpoint's
+        query (:meth:`~oncekit.core.protocol.Sink.claim`, fenced at the target)."""
+        epoch = self.sink.take_epoch(self.journal.latest_epoch() if runs is None else max(runs.values(), default=0))
         self.epoch = epoch
         self.sink.act_for(epoch)
         on_epoch(epoch)
-        self.journal.record_epoch(token, epoch)
+        recorded = self.journal.record_epoch(token, epoch)
         logger.info("sink %s: run %s takes epoch %s", self.sink.sink_id, token, epoch)
-        report = self.recover()
+        report = self.recover(recorded)
         owner = self._owner()
         if owner is not None:
             self.sink.claim(owner)
@@ -121,14 +125,15 @@ class CheckpointEngine:
     def _owner(self) -> SinkOwner | None:
         """This checkpoint's query as the sink's owner; None before Spark wrote the query's id
         (it does before it creates the writer; a test harness may not)."""
-        query_id = self.spark_log.query_id()
-        return None if query_id is None else SinkOwner(query_id, self.location)
+        if self._query_id is None:  # Spark never changes it: read once per engine
+            self._query_id = self.spark_log.query_id()
+        return None if self._query_id is None else SinkOwner(self._query_id, self.location)
 
-    def refuse_superseded(self, where: str) -> None:
+    def refuse_superseded(self, where: str, runs: Mapping[str, int] | None = None) -> None:
         """Driver: FencedError when a newer run than this engine's took the sink, as far as the
-        journal tells. An early, named refusal; what makes an older run harmless is the
-        target's refusal of its acts."""
-        latest = self.journal.latest_epoch()
+        journal tells (or ``runs``, its runs as the caller listed them this step). An early,
+        named refusal; what makes an older run harmless is the target's refusal of its acts."""
+        latest = self.journal.latest_epoch() if runs is None else max(runs.values(), default=0)
         if latest > self.epoch:
             raise FencedError(f"sink {self.sink.sink_id} {where}: this run (epoch {self.epoch}) was superseded by epoch "
                               f"{latest}: another driver took the query over")
@@ -177,7 +182,7 @@ class CheckpointEngine:
                 f"sink {self.sink.sink_id} batch {batch_id}: pre-committed {', '.join(missing)} no longer held before the "
                 "checkpoint (another attempt of the task aborted it: spark.speculation, or a stage retried while "
                 "the old attempt still ran); nothing of the batch is journaled, so it fails and is replayed")
-        self.journal.write(batch_id, committables, self.epoch)
+        self.journal.write(batch_id, committables, self.epoch, names)
         for target in self.sink.targets():
             target.decide(batch_id, [c for c in committables if c.sink_id == target.sink_id])
         logger.info("sink %s batch %s: journaled and decided %s committables (epoch %s)", self.sink.sink_id, batch_id,
@@ -268,9 +273,9 @@ class CheckpointEngine:
         completed = self.spark_log.completed()
         return [b for b in candidates if is_complete(b, completed)]
 
-    def recover(self) -> RecoveryReport:
-        """Driver, at the start of a query run, right after it took its epoch
-        (:meth:`start_run`). Per target:
+    def recover(self, runs: Mapping[str, int] | None = None) -> RecoveryReport:
+        """Driver, at the start of a query run, right after it took its epoch and recorded it
+        (:meth:`start_run`; ``runs``: the journal's runs listed after that). Per target:
 
         - every batch Spark completed is committed from its decisions;
         - where pre-commits block a replay: a batch decided but not completed is committed too,
@@ -281,7 +286,7 @@ class CheckpointEngine:
         Work of a newer run (an entry, or something held open) means this run was superseded:
         FencedError, before anything is touched."""
         self._require_epoch("recovery")
-        self.refuse_superseded("recovery")
+        self.refuse_superseded("recovery", runs)
         report = RecoveryReport()
         completed = self.spark_log.completed()
         names = self.journal.listing()
@@ -316,7 +321,7 @@ class CheckpointEngine:
                 part = [c for c in lost if c.batch_id == batch_id]
                 target.abort_batch(batch_id, part)
                 report.aborted_leftovers.extend(c.name for c in part)
-        self._prune()
+        self._prune(completed=completed)
         return report
 
     def _decided(self, batch_ids: set[int]) -> dict[str, dict[int, set[int]] | None]:
@@ -376,13 +381,14 @@ class CheckpointEngine:
         found = self.sink.leftovers()
         return found if up_to is None else [c for c in found if c.batch_id <= up_to]
 
-    def _prune(self, names: list[str] | None = None) -> None:
+    def _prune(self, names: list[str] | None = None, completed: set[int] | None = None) -> None:
         """Forget finished batches older than the oldest commit Spark still keeps (its
         ``minBatchesToRetain``), in the journal and in the sink: no recovery can need them. The
         sink forgets only below every batch the journal still holds unfinished. ``names``: a
         journal listing the caller took earlier in its step; a batch marked done since is then
-        pruned at the next step (pruning less is always safe)."""
-        completed = self.spark_log.completed()
+        pruned at the next step (pruning less is always safe). ``completed``: Spark's commit log
+        as the caller read it this step."""
+        completed = self.spark_log.completed() if completed is None else completed
         if not completed:
             return
         journaled, done = self.journal.entries(names)

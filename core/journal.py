@@ -50,13 +50,16 @@ class Journal:
     def _path(self, batch_id: int, suffix: str) -> str:
         return f"{self.directory}/{batch_id}{suffix}"
 
-    def write(self, batch_id: int, committables: Sequence[Committable], epoch: int = 0) -> None:
+    def write(self, batch_id: int, committables: Sequence[Committable], epoch: int = 0,
+              names: list[str] | None = None) -> None:
         """Driver, in the stream writer's commit: record the batch's committables before Spark
         logs the batch as committed, in the entry of the run of ``epoch``. A batch marked done
-        is never reopened: a replay of it that holds nothing open (its sink found it committed)
-        journals nothing; one that pre-committed anything is refused (CommitError), so the batch
-        fails and its pre-commits are aborted."""
-        if self.fs.get_file_info(self._path(batch_id, ".done")).is_file:
+        (among ``names``, when the caller listed the folder this step) is never reopened: a
+        replay of it that holds nothing open (its sink found it committed) journals nothing; one
+        that pre-committed anything is refused (CommitError), so the batch fails and its
+        pre-commits are aborted."""
+        if (f"{batch_id}.done" in names if names is not None
+                else self.fs.get_file_info(self._path(batch_id, ".done")).is_file):
             if not committables:
                 logger.info("sink %s batch %s: committed before; the replay holds nothing open", self.sink_id, batch_id)
                 return
@@ -155,14 +158,17 @@ class Journal:
                 found[match["token"]] = max(found.get(match["token"], 0), int(match["epoch"]))
         return found
 
-    def record_epoch(self, token: str, epoch: int) -> None:
+    def record_epoch(self, token: str, epoch: int) -> dict[str, int]:
         """Driver, the first stream writer of run ``token``, right after the run took ``epoch``
         (before its recovery, so that an older run's writers see it superseded as early as
-        possible); forgets all but the newest :data:`RUNS_KEPT` runs."""
+        possible); forgets all but the newest :data:`RUNS_KEPT` runs. Returns the runs as listed
+        after the record was written (the forgotten ones left out)."""
         write_atomically(self.fs, f"{self.directory}/runs/e{epoch}-{token}", b"")
-        runs = sorted(self.runs().items(), key=lambda run: run[1])
-        for old_token, old_epoch in runs[:-RUNS_KEPT]:
+        runs = self.runs()
+        for old_token, old_epoch in sorted(runs.items(), key=lambda run: run[1])[:-RUNS_KEPT]:
             delete_file(self.fs, f"{self.directory}/runs/e{old_epoch}-{old_token}")
+            del runs[old_token]
+        return runs
 
     def epoch_of(self, token: str) -> int | None:
         """The epoch run ``token`` took; None for a run that has not started (or was forgotten)."""

@@ -124,9 +124,9 @@ def open_run(config: SinkConfig, checkpoint: str, run: QueryRun,
             raise LeaseHeldError(f"sink {config.sink_id}: query run {token} starts while another run holds the query's "
                                  f"lease ({holder.describe()}); this one stops")
         first_checks(engine)
-        engine.preflight()
+        engine.preflight(runs)
         report = engine.start_run(token, on_epoch=lambda taken: lease.stamp(run.driver, token, taken)
-                                  if run.driver is not None else None)
+                                  if run.driver is not None else None, runs=runs)
         _report(engine, report)
         return engine, True
     engine.epoch = epoch
