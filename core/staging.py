@@ -65,12 +65,14 @@ class StagedFiles:
             delete_dir_if_spent(self.fs, f"{self.directory}/{batch_id}")
 
     def leftovers(self, batch_ids: Iterable[int] | None = None) -> list[Committable]:
-        """Every staged file still present, for ``batch_ids`` or all batches."""
-        wanted = None if batch_ids is None else set(batch_ids)
+        """Every staged file still present, for ``batch_ids`` or all batches: a listing of each
+        wanted batch's folder, after one of the staging folder when all are wanted."""
+        if batch_ids is None:
+            folders = [name for name in list_names(self.fs, self.directory) if name.isdigit()]
+        else:
+            folders = [str(batch_id) for batch_id in sorted(set(batch_ids))]
         out = []
-        for name in list_names(self.fs, self.directory):
-            if not name.isdigit() or (wanted is not None and int(name) not in wanted):
-                continue
+        for name in folders:
             for file_name in list_names(self.fs, f"{self.directory}/{name}"):
                 staged = StagedFile.parse(f"{name}/{file_name}")
                 if staged is not None:
