@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
+from dataclasses import dataclass
 from typing import Any
 
 from pyspark import SparkContext
@@ -19,6 +20,25 @@ from oncekit.core.engine import CheckpointEngine
 from oncekit.core.protocol import SinkConfig
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class _Watch:
+    """One sink of a watched run, and the epoch the kit's run ``token`` took once it is known (a
+    run's epoch never changes, so the journal's runs are listed only until then)."""
+
+    config: SinkConfig
+    checkpoint: str
+    token: str
+    epoch: int | None = None
+
+    def engine(self) -> CheckpointEngine | None:
+        """The engine acting for the run's epoch; None while the run has taken none."""
+        if self.epoch is not None:
+            return CheckpointEngine.of(self.config, self.checkpoint, self.epoch)
+        engine = CheckpointEngine.for_run(self.config, self.checkpoint, self.token)
+        self.epoch = None if engine is None else engine.epoch
+        return engine
 
 
 class CheckpointListener:
@@ -38,7 +58,7 @@ class CheckpointListener:
         implements = ["org.apache.spark.sql.streaming.PythonStreamingQueryListener"]
 
     def __init__(self) -> None:
-        self._watched: dict[str, list[tuple[SinkConfig, str, str]]] = {}
+        self._watched: dict[str, list[_Watch]] = {}
         self._terminated: dict[str, None] = {}  # the last runs whose termination notification has run
         self._lock = threading.Lock()
 
@@ -47,20 +67,20 @@ class CheckpointListener:
         query keeps its query id and gets a new run id): deliver that run's events, and only
         those, to the sink, with the epoch the kit's run ``token`` took."""
         with self._lock:
-            self._watched.setdefault(run_id, []).append((config, checkpoint, token))
+            self._watched.setdefault(run_id, []).append(_Watch(config, checkpoint, token))
 
     def _notify(self, run_id: str, up_to: int | None) -> None:
         with self._lock:
             watched = list(self._watched.get(run_id, []))
-        for config, checkpoint, token in watched:
+        for watch in watched:
             try:
-                engine = CheckpointEngine.for_run(config, checkpoint, token)
+                engine = watch.engine()
                 committed = engine.complete(up_to) if engine is not None else []
                 if committed:
-                    logger.info("sink %s: checkpoints %s complete and committed", config.sink_id, committed)
+                    logger.info("sink %s: checkpoints %s complete and committed", watch.config.sink_id, committed)
             except Exception as exc:  # the next batch's recovery retries; never kill the listener thread
                 logger.error("sink %s: checkpoint-complete notification up to batch %s failed: %s",
-                             config.sink_id, up_to, exc)
+                             watch.config.sink_id, up_to, exc)
 
     # Spark's listener bus calls these with the Java events (py4j objects).
     def onQueryStarted(self, event: Any) -> None:

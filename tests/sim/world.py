@@ -310,8 +310,10 @@ class World:
     def listener(self, token: str, state: dict[str, bool]) -> None:
         """The checkpoint listener of one run: notifications as Spark's progress events come (a
         batch's event once its commit-log entry exists; after a failed notification, the next
-        event, :data:`POLL_S` later)."""
+        event, :data:`POLL_S` later). Like the kit's, it looks the run's epoch up until it finds
+        it, then acts for it."""
         notified = -1
+        epoch: int | None = None
 
         def event() -> bool:
             return not state["running"] or self.latest_commit > notified
@@ -323,8 +325,10 @@ class World:
             latest = self.latest_commit  # what the event says
             if latest > notified:
                 try:
-                    engine = CheckpointEngine.for_run(self.config, self.checkpoint, token)
+                    engine = (CheckpointEngine.for_run(self.config, self.checkpoint, token) if epoch is None
+                              else CheckpointEngine.of(self.config, self.checkpoint, epoch))
                     if engine is not None:
+                        epoch = engine.epoch
                         engine.complete(latest)
                     notified = latest
                 except Exception as exc:  # noqa: BLE001 - as the listener: logged, retried at the next event

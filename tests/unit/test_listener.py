@@ -56,7 +56,11 @@ def test_a_late_event_of_a_failed_run_neither_reaches_nor_ends_the_restarted_run
 ) -> None:
     delivered: list[tuple[str, int | None]] = []
 
+    looked_up: list[str] = []
+
     class Recorder:
+        epoch = 7
+
         def __init__(self, checkpoint: str) -> None:
             self.checkpoint = checkpoint
 
@@ -64,7 +68,12 @@ def test_a_late_event_of_a_failed_run_neither_reaches_nor_ends_the_restarted_run
             delivered.append((self.checkpoint, up_to))
             return []
 
-    monkeypatch.setattr(CheckpointEngine, "for_run", classmethod(lambda cls, config, checkpoint, token: Recorder(checkpoint)))
+    def for_run(cls: Any, config: Any, checkpoint: str, token: str) -> Recorder:
+        looked_up.append(checkpoint)
+        return Recorder(checkpoint)
+
+    monkeypatch.setattr(CheckpointEngine, "for_run", classmethod(for_run))
+    monkeypatch.setattr(CheckpointEngine, "of", classmethod(lambda cls, config, checkpoint, epoch: Recorder(checkpoint)))
     config: Any = type("Config", (), {"sink_id": "s"})()
     listener = CheckpointListener()
     listener.watch("run-1", config, "first-run")
@@ -76,3 +85,4 @@ def test_a_late_event_of_a_failed_run_neither_reaches_nor_ends_the_restarted_run
     listener.onQueryIdle(_Event("query", "run-2"))
     assert delivered == [("first-run", 3), ("first-run", None), ("restarted", 5), ("restarted", None)]
     assert listener.terminated("run-1") and not listener.terminated("run-2")
+    assert looked_up == ["first-run", "restarted"]  # a run's epoch is looked up once, not at every event
