@@ -59,16 +59,18 @@ def _metadata(bootstrap_servers: str, admin: Any, seen: list[KafkaError], timeou
                 raise
 
 
-def check_access(config: KafkaConfig, timeout_s: float = 10.0) -> None:
+def check_access(config: KafkaConfig, timeout_s: float = 10.0) -> Any | None:
     """Raise AccessError if the cluster refuses ``config``'s credentials or serves a certificate
     it does not trust; any other failure (a broker down) is left to the caller's own calls.
     Called by the Kafka sinks' preflight and by the source when a call fails, so that a wrong
-    password says so within seconds instead of as a timeout."""
+    password says so within seconds instead of as a timeout. Returns the cluster's metadata
+    (``list_topics``: its brokers, and every topic with its partitions' leaders), which the
+    preflight's next checks read instead of asking again; None when another failure kept it."""
     admin, seen = _probe(config)
     try:
-        _metadata(config.bootstrap_servers, admin, seen, timeout_s)
+        return _metadata(config.bootstrap_servers, admin, seen, timeout_s)
     except KafkaException:
-        pass  # not an access failure: the caller's own calls say what it is
+        return None  # not an access failure: the caller's own calls say what it is
 
 
 def check_broker(bootstrap_servers: str, client: Mapping[str, Any] | None = None, brokers: int = 1) -> None:
@@ -93,11 +95,14 @@ def check_broker(bootstrap_servers: str, client: Mapping[str, Any] | None = None
 
 
 def create_topic(config: KafkaConfig, topic: str, partitions: int = 1, replication_factor: int = -1,
-                 timeout_s: float = 30.0) -> None:
+                 timeout_s: float = 30.0, metadata: Any = None) -> None:
     """Create ``topic``; an existing topic with the same name is left as it is. The replication
     factor defaults to the cluster's own (``default.replication.factor``): 1 on a single test
     broker, 3 on a three-broker one, whatever the user's cluster is set to. Returns once the
-    topic is in the metadata with a leader for every partition."""
+    topic is in the metadata with a leader for every partition: at once, without a request,
+    when ``metadata`` (the cluster's, as :func:`check_access` returned it) shows it so."""
+    if metadata is not None and _unready(metadata.topics.get(topic)) is None:
+        return
     admin = new_admin(config.settings())  # must outlive the future, or librdkafka cancels it
     future = admin.create_topics(
         [NewTopic(topic, num_partitions=partitions, replication_factor=replication_factor)], operation_timeout=30
@@ -115,19 +120,27 @@ def create_topic(config: KafkaConfig, topic: str, partitions: int = 1, replicati
 
 def _require_leaders(admin: Any, topic: str) -> None:
     """Raise unless the metadata names ``topic`` and a leader for each of its partitions."""
-    described = admin.list_topics(topic, timeout=10).topics.get(topic)
+    why = _unready(admin.list_topics(topic, timeout=10).topics.get(topic))
+    if why is not None:
+        raise ServiceError(why)
+
+
+def _unready(described: Any) -> str | None:
+    """Why a topic's metadata (None: the topic is not in it) does not show it ready for writes;
+    None when it names a leader for each of its partitions."""
     if described is None or described.error is not None or not described.partitions:
-        raise ServiceError(f"not in the metadata yet ({described.error if described else 'absent'})")
+        return f"not in the metadata yet ({described.error if described else 'absent'})"
     leaderless = sorted(p for p, meta in described.partitions.items() if meta.leader < 0)
-    if leaderless:
-        raise ServiceError(f"partitions {leaderless} have no leader yet")
+    return f"partitions {leaderless} have no leader yet" if leaderless else None
 
 
-def broker_settings(config: KafkaConfig) -> dict[str, str]:
+def broker_settings(config: KafkaConfig, metadata: Any = None) -> dict[str, str]:
     """The settings of the cluster's lowest-id broker (DescribeConfigs), e.g.
-    ``transaction.max.timeout.ms``. Called by the Kafka sinks' preflight and ``oncekit doctor``."""
+    ``transaction.max.timeout.ms``; its id from ``metadata`` (the cluster's, as
+    :func:`check_access` returned it) when given. Called by the Kafka sinks' preflight and
+    ``oncekit doctor``."""
     admin = new_admin(config.settings())  # must outlive the future, or librdkafka cancels it
-    broker = min(admin.list_topics(timeout=30).brokers)
+    broker = min((metadata or admin.list_topics(timeout=30)).brokers)
     resource = ConfigResource(ConfigResource.Type.BROKER, str(broker))
     described = admin.describe_configs([resource])[resource].result(timeout=30)
     return {name: entry.value for name, entry in described.items()}

@@ -131,14 +131,14 @@ class KafkaSinkBase:
             logger.warning("%s sink %s: the stream's columns %s are not written: the sink writes key and value into "
                            "topic %s, partitioned by the key (Spark's Kafka sink would use them)", FORMAT, self.sink_id,
                            ", ".join(unwritten), self.config.topic)
-        check_access(kafka)  # a refused password or certificate fails here, at once and by name
-        create_topic(kafka, self.config.topic, partitions=self.config.partitions)
+        metadata = check_access(kafka)  # a refused password or certificate fails here, at once and by name
+        create_topic(kafka, self.config.topic, partitions=self.config.partitions, metadata=metadata)
         if self.config.dead_letter_topic:
-            create_topic(kafka, self.config.dead_letter_topic, partitions=1)
+            create_topic(kafka, self.config.dead_letter_topic, partitions=1, metadata=metadata)
         if self.config.protocol == "at-least-once":
             return
-        self.markers.prepare(resumed)
-        maximum = int(broker_settings(kafka)["transaction.max.timeout.ms"])
+        self.markers.prepare(resumed, metadata)
+        maximum = int(broker_settings(kafka, metadata)["transaction.max.timeout.ms"])
         if self.config.transaction_timeout_ms > maximum:
             raise ConfigError(
                 f"{FORMAT} sink {self.sink_id}: transaction_timeout_ms {self.config.transaction_timeout_ms} is above the "

@@ -96,13 +96,14 @@ class MarkerLog:
 
     # -- driver: preflight and owner ------------------------------------------------------------
 
-    def prepare(self, resumed: bool) -> None:
+    def prepare(self, resumed: bool, metadata: Any = None) -> None:
         """Driver, in the sink's preflight: create the marker topic if it is missing, and refuse
         one whose records can expire. ``resumed``: this checkpoint has run the sink before, so
         its markers must exist; markers the kit kept as consumer-group offsets before are
-        carried over, and none at all is an error that says how to get out."""
+        carried over, and none at all is an error that says how to get out. ``metadata``: the
+        cluster's, when the preflight listed it already."""
         admin = new_admin(self.kafka.settings(logger=_CLIENT_LOG))
-        if self.topic not in admin.list_topics(timeout=30).topics:
+        if self.topic not in (metadata or admin.list_topics(timeout=30)).topics:
             self._create(admin)
             if resumed and not self._adopt_group_markers(admin):
                 raise ConfigError(
