@@ -158,11 +158,13 @@ class CheckpointEngine:
         """Driver, in the stream writer's commit for ``batch_id``, before Spark's commit log:
         catch up on earlier completed checkpoints, journal this one in the run's own entry, have
         the sink make the decision final at the target (fenced: FencedError for a superseded run,
-        whose entry then counts for nothing and whose batch Spark does not log), then abort what
-        this run's lost attempts left open (of this batch, and strays of earlier ones that this
-        run decided: a killed task on a slow executor can pre-commit after its batch's sweep) and
-        what older runs' stragglers prepared since this run started (none of it can be decided).
-        Refuses to journal a committable that is no longer held open (CommitError).
+        whose entry then counts for nothing and whose batch Spark does not log), then, where
+        pre-commits block a replay, abort what this run's lost attempts left open (of this batch,
+        and strays of earlier ones that this run decided: a killed task on a slow executor can
+        pre-commit after its batch's sweep) and what older runs' stragglers prepared since this
+        run started (none of it can be decided). Refuses to journal such a committable that is no
+        longer held open (CommitError). Staged files are left to their batch's commit, which
+        deletes every file of the batch, and to the next run's recovery.
 
         When ``notified`` (a listener or the run's committer delivers notifications), the previous
         batch is left to it: it is most likely committing that batch right now, and two committers
@@ -172,7 +174,7 @@ class CheckpointEngine:
         self.refuse_superseded(f"batch {batch_id}")
         names = self.journal.listing()
         self.complete(batch_id - (2 if notified else 1), names)
-        held = self._leftovers(batch_id)
+        held = self._leftovers(batch_id, blocking_only=True)
         blocking = {t.sink_id for t in self.sink.targets() if t.blocking_pre_commits}
         missing = sorted(c.name for c in committables if c.sink_id in blocking and c.key not in {h.key for h in held})
         if missing:
@@ -190,7 +192,7 @@ class CheckpointEngine:
         crash_point("driver_after_journal", batch_id)
         # Older runs' pre-commits that block a replay: no older run can decide anything since
         # this one took its epoch, and this run's recovery committed what they had decided.
-        older = [c for c in held if c.epoch < self.epoch and c.sink_id in blocking]
+        older = [c for c in held if c.epoch < self.epoch]
         for held_batch in sorted({c.batch_id for c in older}):
             self._abort(held_batch, [c for c in older if c.batch_id == held_batch])
         mine = [c for c in held if c.epoch == self.epoch]
@@ -200,7 +202,6 @@ class CheckpointEngine:
                 continue  # a batch this run never decided: its stop or the next run settles it
             kept = {c.key for c in named}
             self._abort(held_batch, [c for c in mine if c.batch_id == held_batch and c.key not in kept])
-        self._prune(names)
 
     def abort(self, batch_id: int, committables: Sequence[Committable]) -> None:
         """Driver, in the stream writer's abort: Spark gave up on ``batch_id`` in this run. Of what
@@ -209,7 +210,7 @@ class CheckpointEngine:
         or, if this run decided it already, what the decision does not name. Staged files wait
         until their batch is done. Never touches another run's."""
         self._require_epoch(f"batch {batch_id} abort")
-        held = [*committables, *(c for c in self._leftovers(batch_id) if c.batch_id == batch_id)]
+        held = [*committables, *(c for c in self._leftovers(batch_id, blocking_only=True) if c.batch_id == batch_id)]
         self._settle_own(batch_id, [c for c in held if c.epoch == self.epoch], commit_decided=False)
 
     def abort_unfinished(self) -> list[str]:
@@ -220,7 +221,7 @@ class CheckpointEngine:
         wait until their batch is done. Returns the names of what was aborted."""
         if not self.epoch:
             return []
-        mine = [c for c in self._leftovers() if c.epoch == self.epoch]
+        mine = [c for c in self._leftovers(blocking_only=True) if c.epoch == self.epoch]
         lost: list[str] = []
         for batch_id in sorted({c.batch_id for c in mine}):
             lost += self._settle_own(batch_id, [c for c in mine if c.batch_id == batch_id], commit_decided=True)
@@ -250,28 +251,35 @@ class CheckpointEngine:
 
     def complete(self, up_to: int | None = None, names: list[str] | None = None) -> list[int]:
         """Checkpoint-complete notification: commit every journaled, not yet committed batch
-        up to ``up_to`` (all if None) that Spark logged as committed. Returns those batch ids.
-        ``names``: the journal's listing, when the caller took one this step
-        (:meth:`~oncekit.core.journal.Journal.listing`)."""
+        up to ``up_to`` (all if None) that Spark logged as committed, then prune by the commit
+        log it read (:meth:`_prune`: every batch is committed by one such call, so the journal
+        stays bounded). Returns those batch ids. ``names``: the journal's listing, when the
+        caller took one this step (:meth:`~oncekit.core.journal.Journal.listing`)."""
         names = self.journal.listing() if names is None else names
-        committed = self.uncommitted(up_to, names)
+        committed, completed = self._uncommitted(up_to, names)
         if committed:
             self._require_epoch("checkpoint-complete notification")
             decided = self._decided(set(committed))
             for batch_id in committed:
                 self._commit(batch_id, decided, names=names)
                 self.journal.mark_done(batch_id)
+            self._prune(names, completed)
         return committed
 
     def uncommitted(self, up_to: int | None = None, names: list[str] | None = None) -> list[int]:
         """The journaled batches up to ``up_to`` (all if None) that Spark logged as committed
         and the sink has not committed yet: what :meth:`complete` would commit (``names`` as there)."""
+        return self._uncommitted(up_to, names)[0]
+
+    def _uncommitted(self, up_to: int | None, names: list[str] | None) -> tuple[list[int], set[int]]:
+        """:meth:`uncommitted`, and Spark's commit log as read for it (empty when no journaled
+        batch needed it)."""
         journaled, done = self.journal.entries(names)
         candidates = sorted(b for b in journaled - done if up_to is None or b <= up_to)
         if not candidates:
-            return []
+            return [], set()
         completed = self.spark_log.completed()
-        return [b for b in candidates if is_complete(b, completed)]
+        return [b for b in candidates if is_complete(b, completed)], completed
 
     def recover(self, runs: Mapping[str, int] | None = None) -> RecoveryReport:
         """Driver, at the start of a query run, right after it took its epoch and recorded it
@@ -375,10 +383,13 @@ class CheckpointEngine:
             if part:
                 target.abort_batch(batch_id, part)
 
-    def _leftovers(self, up_to: int | None = None) -> list[Committable]:
-        """What every target holds open (prepared transactions, staged files), of batches up to
-        ``up_to`` (all if None)."""
-        found = self.sink.leftovers()
+    def _leftovers(self, up_to: int | None = None, blocking_only: bool = False) -> list[Committable]:
+        """What every target (with ``blocking_only``, every target whose pre-commits block a
+        replay) holds open (prepared transactions, staged files), of batches up to ``up_to``
+        (all if None)."""
+        targets = [t for t in self.sink.targets() if t.blocking_pre_commits or not blocking_only]
+        found = self.sink.leftovers() if len(targets) == len(self.sink.targets()) else \
+            [c for t in targets for c in t.leftovers()]
         return found if up_to is None else [c for c in found if c.batch_id <= up_to]
 
     def _prune(self, names: list[str] | None = None, completed: set[int] | None = None) -> None:
