@@ -152,8 +152,11 @@ class Lease:
         """Expired, or held by a process that is gone from this machine and pid namespace."""
         if clock.now() - self.renewed_at > EXPIRES_S:
             return True
-        here = bool(self.boot) and self.boot == _BOOT and self.host == socket.gethostname()
-        return here and not _alive(self.pid)
+        return self.here() and not _alive(self.pid)
+
+    def here(self) -> bool:
+        """Whether the holder runs on this machine, in this boot (its pid can be looked at)."""
+        return bool(self.boot) and self.boot == _BOOT and self.host == socket.gethostname()
 
 
 class QueryLease:
@@ -390,4 +393,19 @@ def wait_free(checkpoints: Sequence[str], poll_s: float = 0.05, announce: Callab
             except Exception as exc:  # noqa: BLE001 - a failed warm-up is tried again; the standby waits on
                 logger.warning("standby: the periodic warm-up failed (tried again in %.0f s): %s", every[0], exc)
             last = clock.monotonic()
-        clock.sleep(poll_s)
+        due = None if every is None else last + every[0] - clock.monotonic()
+        clock.sleep(_look_again_in([found for _, found in held], poll_s, due))
+
+
+def _look_again_in(held: Sequence[Lease], poll_s: float, due: float | None) -> float:
+    """How long a waiting standby sleeps before it reads the leases again: ``poll_s`` while a
+    holder runs on this machine (its process may end at any moment) or a query waits for a
+    driver to start it again; when every holder runs elsewhere, until the first of their leases
+    could lapse (nothing but its holder's renewal or release changes it before then, and a
+    release is found at that look), but no later than ``due`` (the next warm-up). A standby on
+    another machine reads a remote checkpoint's lease about once per renewal, not every
+    ``poll_s``."""
+    if any(found.stopped_with or found.here() for found in held):
+        return poll_s
+    lapse = min(found.renewed_at for found in held) + EXPIRES_S - clock.now() + 0.01
+    return max(poll_s, lapse if due is None else min(lapse, due))
