@@ -79,6 +79,8 @@ class Pending(Generic[T]):
             self._outcome.append((True, call(*args)))
         except BaseException as exc:  # handed to the waiting thread
             self._outcome.append((False, exc))
+        if self._done is _ANSWERED:
+            return  # run inline: nobody waits, nothing is stuck
         with _stuck_lock:
             self._done.set()
             if self._abandoned:
@@ -89,7 +91,7 @@ class Pending(Generic[T]):
         StallError "``what`` waited ``seconds`` s" (which says when this process will exit
         for the calls it holds)."""
         global _stuck
-        if not self._done.wait(seconds):
+        if self._done is not _ANSWERED and not self._done.wait(seconds):
             with _stuck_lock:  # the call may return meanwhile: then its outcome is taken below
                 if not self._done.is_set():
                     if not self._abandoned:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal, cast, get_args
@@ -46,8 +47,10 @@ class KafkaSinkConfig(SinkConfig):
         return (f"KafkaSinkConfig(bootstrap_servers={self.bootstrap_servers!r}, topic={self.topic!r}, "
                 f"protocol={self.protocol!r}, sink_id={self.sink_id!r}, client={redact_config(self.client)!r})")
 
-    @property
+    @functools.cached_property
     def kafka(self) -> KafkaConfig:
+        """The cluster this sink writes to; made once (a sink is built from its config at every
+        task and driver commit, and asks for it several times each)."""
         return KafkaConfig(self.bootstrap_servers, dict(self.client))
 
     def to_options(self) -> dict[str, str]:
