@@ -20,7 +20,6 @@ from __future__ import annotations
 import collections
 import itertools
 import json
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -141,7 +140,8 @@ class World:
         self.scenario = scenario
         self.scheduler = Scheduler(choices, trace)
         self.choices = choices
-        self.name = uuid.uuid4().hex[:8]
+        self.name = f"w{next(_WORLDS)}"
+        self._tokens = itertools.count(1)
         self.store = MemoryStore(self.scheduler)
         self.checkpoint = f"{install(self.name, self.store)}/cp"
         self.pg = PgServer(self.scheduler)
@@ -211,7 +211,8 @@ class World:
 
     def add_driver(self, standby: bool) -> SimDriver:
         process = Process(f"driver{len(self.drivers) + 1}")
-        driver = SimDriver(process, Driver(f"sim-{process.name}", len(self.drivers) + 100, uuid.uuid4().hex, ""), standby)
+        driver = SimDriver(process, Driver(f"sim-{process.name}", len(self.drivers) + 100, f"{self.name}-{process.name}", ""),
+                           standby)
         self.drivers.append(driver)
         self.scheduler.spawn(f"{process.name}/main", process, lambda: self.driver_main(driver))
         return driver
@@ -224,7 +225,7 @@ class World:
                 wait_free([self.checkpoint], poll_s=STANDBY_POLL_S, driver=driver.identity)
                 if self.finished:
                     return
-            token = uuid.uuid4().hex[:8]
+            token = f"run{next(self._tokens)}"  # a run's token, unique in the world (the kit's: random)
             try:
                 keeper.hold(token)
             except LeaseHeldError:
@@ -477,6 +478,8 @@ class World:
 
 
 _BATCHES: dict[tuple[Any, ...], pa.RecordBatch] = {}
+_WORLDS = itertools.count(1)
+"""Names the worlds of a process apart (their storage and Kafka servers are registered by name)."""
 
 
 class _NoLatestInit(LatestInit):
