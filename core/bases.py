@@ -145,7 +145,7 @@ class WriteAheadSink(Sink):
 
     def commit_batch(self, batch_id: int, committables: Sequence[Committable]) -> None:
         outcome = self.send_values(batch_id, committables) if committables else CommitOutcome.ALREADY_COMMITTED
-        self.staged.discard(committables)
+        self.staged.drop(batch_id)
         logger.info("sink %s batch %s: %s rows in %s staged files %s", self.sink_id, batch_id,
                     sum(c.rows for c in committables), len(committables), outcome.value)
 

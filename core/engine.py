@@ -367,14 +367,8 @@ class CheckpointEngine:
             if index:
                 crash_point("mid_commit", batch_id)
             crash_point("before_notify", batch_id)
-            target.commit_batch(batch_id, committables)
+            target.commit_batch(batch_id, committables)  # staged files: with whatever else was staged for it
             committed = True
-            if not early and not target.blocking_pre_commits:
-                # Done: whatever else was staged for the batch (older runs' entries, a killed
-                # task's late file) is garbage now.
-                garbage = [c for c in target.leftovers([batch_id]) if c.key not in {k.key for k in committables}]
-                if garbage:
-                    target.abort_batch(batch_id, garbage)
         return named, committed
 
     def _abort(self, batch_id: int, committables: Sequence[Committable]) -> None:

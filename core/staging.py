@@ -57,12 +57,22 @@ class StagedFiles:
             yield from pa.ipc.open_stream(source)
 
     def discard(self, committables: Sequence[Committable]) -> None:
-        """Driver: delete the batch's staged files once it is published or aborted, and each
-        batch folder left with nothing in it (a folder per batch would otherwise pile up)."""
+        """Driver: delete the batch's staged files once it is aborted, and each batch folder left
+        with nothing in it (a folder per batch would otherwise pile up); a replay of the batch
+        may be staging its own meanwhile."""
         for committable in committables:
             delete_file(self.fs, self._path(committable.staged_file))
         for batch_id in sorted({c.batch_id for c in committables}):
             delete_dir_if_spent(self.fs, f"{self.directory}/{batch_id}")
+
+    def drop(self, batch_id: int) -> None:
+        """Driver, once the batch is published: delete its folder and every file in it. Spark
+        completed the batch, so no run stages anything for it any more; the files an entry does
+        not name (an older run's, a lost attempt's) are garbage as well."""
+        try:
+            self.fs.delete_dir(f"{self.directory}/{batch_id}")
+        except FileNotFoundError:
+            pass
 
     def leftovers(self, batch_ids: Iterable[int] | None = None) -> list[Committable]:
         """Every staged file still present, for ``batch_ids`` or all batches: a listing of each

@@ -160,6 +160,8 @@ class MemoryStore:
 
     def move(self, src: str, dest: str) -> None:
         self._step("move into", dest)
+        if src not in self.files:
+            raise FileNotFoundError(src)  # its folder was deleted meanwhile
         self.put(dest, self.remove(src))
 
     def open_input_stream(self, path: str) -> pa.NativeFile:
