@@ -40,9 +40,9 @@ def run_one(scenario: Scenario, choices: Choices, trace: bool = False) -> tuple[
     return None, world
 
 
-CHUNK = 250
-"""Seeds a forked explorer runs at a time: small enough to spread a run evenly over the
-processes, large enough that forking costs nothing beside it."""
+CHUNK = 100
+"""Seeds a forked explorer runs at a time (a few tenths of a second): small enough that the
+processes end together, large enough that handing them out costs nothing beside them."""
 
 
 def explore(scenario: Scenario, schedules: int, first_seed: int, processes: int = 1) -> Failure | None:

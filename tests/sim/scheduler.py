@@ -63,8 +63,13 @@ class Choices:
         return value
 
     def chance(self, one_in: int) -> bool:
-        """True about once in ``one_in`` picks (a fault, a pause)."""
-        return self.pick(one_in) == one_in - 1
+        """True about once in ``one_in`` picks (a fault, a pause): :meth:`pick`, asked before
+        every step, written out."""
+        if self._random is None:
+            return self.pick(one_in) == one_in - 1
+        value = int(self._random.random() * one_in)
+        self.made.append(value)
+        return value == one_in - 1
 
 
 class Killed(greenlet.GreenletExit):

@@ -32,7 +32,7 @@ from oncekit.core import clock, crash, parallel
 from oncekit.core.engine import CheckpointEngine
 from oncekit.core.errors import CommitError, LeaseHeldError, LeaseLostError, NonDeterministicReplayError
 from oncekit.core.fanout import fan_out
-from oncekit.core.lease import Driver, LeaseKeeper, wait_free
+from oncekit.core.lease import RENEW_S, Driver, LeaseKeeper, wait_free
 from oncekit.core.protocol import Committable, SinkConfig, TaskInfo
 from oncekit.core.restart import superseded
 from oncekit.core.run import QueryRun, commit_batch, open_run, settle
@@ -56,11 +56,6 @@ PROTOCOLS = ("postgres-two-phase-commit", "postgres-write-ahead-log", "postgres-
 two-phase commit and a Kafka topic by write-ahead log."""
 POLL_S = 0.5
 """How soon the listener tries a failed notification again."""
-STANDBY_POLL_S = 1.5
-"""How often a waiting standby looks at the lease. The kit's looks every 0.05 s; what the
-simulation explores is where a look falls among the lease's writes (its read and its own write
-are separate steps whatever the interval), and a look per keeper renewal keeps a schedule's
-steps for the protocols rather than for waiting."""
 TASK_ATTEMPTS = 4
 RESTART_S = 1.0
 SUPERVISOR_S = 5.0
@@ -126,7 +121,7 @@ class SimKeeper(LeaseKeeper):
     def start_renewing(self, stop: Any) -> Any:
         def loop() -> None:
             while not stop.is_set() and not self.world.finished:
-                clock.sleep(1.5)
+                clock.sleep(RENEW_S)
                 if stop.is_set():
                     return
                 self.renew_once()
@@ -222,7 +217,7 @@ class World:
         keeper.world, keeper.sim_driver = self, driver
         while not self.finished:
             if driver.standby:
-                wait_free([self.checkpoint], poll_s=STANDBY_POLL_S, driver=driver.identity)
+                wait_free([self.checkpoint], driver=driver.identity)  # polled as the kit polls
                 if self.finished:
                     return
             token = f"run{next(self._tokens)}"  # a run's token, unique in the world (the kit's: random)
