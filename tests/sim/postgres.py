@@ -204,11 +204,11 @@ class SimPostgresTarget(PostgresTarget):
             raise FencedError(f"sink {self.sink_id} {where}: this run (epoch {epoch}) was superseded by epoch {held}")
 
     def _rows(self, batch: pa.RecordBatch) -> list[tuple[str, Any]]:
-        records = batch.to_pylist()
+        columns = batch.to_pydict()
         if self.keyed:
-            key = self.config.key_columns[0]
-            return [(self.table + "#upsert", (r[key], r["payload"])) for r in records]
-        return [(self.table, tuple(r.values())) for r in records]
+            table = self.table + "#upsert"
+            return [(table, row) for row in zip(columns[self.config.key_columns[0]], columns["payload"])]
+        return [(self.table, row) for row in zip(*columns.values())]
 
     # -- driver: checks, epoch, owner ----------------------------------------------------------
 

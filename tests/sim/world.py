@@ -344,15 +344,19 @@ class World:
         results: dict[int, list[Committable]] = {}
         failures: collections.Counter[int] = collections.Counter()
         running: dict[int, Any] = {}
+        ended = [0, 0]  # tasks ended, and how many of them the loop below has seen
 
         def task(partition: int, attempt: int) -> None:
-            info = TaskInfo(self.config.sink_id, batch_id, partition, attempt, epoch)
-            written = CheckpointEngine.of(self.config, self.checkpoint, epoch).write_task(
-                info, self.batches_of(batch_id, partition, tasks))
-            if self.faults_left > 0 and self.choices.chance(8):
-                self.fault(f"task {batch_id}/{partition} attempt {attempt} fails after its pre-commit")
-                raise TaskFailed()
-            results[partition] = written
+            try:
+                info = TaskInfo(self.config.sink_id, batch_id, partition, attempt, epoch)
+                written = CheckpointEngine.of(self.config, self.checkpoint, epoch).write_task(
+                    info, self.batches_of(batch_id, partition, tasks))
+                if self.faults_left > 0 and self.choices.chance(8):
+                    self.fault(f"task {batch_id}/{partition} attempt {attempt} fails after its pre-commit")
+                    raise TaskFailed()
+                results[partition] = written
+            finally:
+                ended[0] += 1
 
         def launch(partition: int) -> None:
             attempt = next(driver.attempts)
@@ -362,7 +366,8 @@ class World:
         for partition in range(tasks):
             launch(partition)
         while len(results) < tasks:
-            self.scheduler.wait_until(lambda: any(a.done for a in running.values()), 3600.0, "tasks")
+            self.scheduler.wait_until(lambda: ended[0] > ended[1], 3600.0, "tasks")
+            ended[1] = ended[0]
             for partition, actor in list(running.items()):
                 if not actor.done:
                     continue
