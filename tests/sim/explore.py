@@ -11,6 +11,7 @@ none does; the trace of what is left is printed step by step.
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import multiprocessing
 import random
@@ -57,6 +58,8 @@ def explore(scenario: Scenario, schedules: int, first_seed: int, processes: int 
     first = _explore_range(scenario, first_seed, 1)
     if first is not None:
         return first
+    gc.collect()
+    gc.freeze()  # what the forked processes share is never scanned by their collections
     chunks = [(first_seed + start, min(CHUNK, schedules - start)) for start in range(1, schedules, CHUNK)]
     failures: list[Failure] = []
     with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("fork")) as pool:
