@@ -110,7 +110,7 @@ class CheckpointEngine:
         listed them this step), tell ``on_epoch`` (the run records it in the query's lease),
         record it in the journal, recover under it, then claim the sink id for this checkpoint's
         query (:meth:`~oncekit.core.protocol.Sink.claim`, fenced at the target)."""
-        epoch = self.sink.take_epoch(self.journal.latest_epoch() if runs is None else max(runs.values(), default=0))
+        epoch = self.sink.take_epoch(self.journal.latest_epoch(runs))
         self.epoch = epoch
         self.sink.act_for(epoch)
         on_epoch(epoch)
@@ -133,7 +133,7 @@ class CheckpointEngine:
         """Driver: FencedError when a newer run than this engine's took the sink, as far as the
         journal tells (or ``runs``, its runs as the caller listed them this step). An early,
         named refusal; what makes an older run harmless is the target's refusal of its acts."""
-        latest = self.journal.latest_epoch() if runs is None else max(runs.values(), default=0)
+        latest = self.journal.latest_epoch(runs)
         if latest > self.epoch:
             raise FencedError(f"sink {self.sink.sink_id} {where}: this run (epoch {self.epoch}) was superseded by epoch "
                               f"{latest}: another driver took the query over")
@@ -381,9 +381,8 @@ class CheckpointEngine:
         """What every target (with ``blocking_only``, every target whose pre-commits block a
         replay) holds open (prepared transactions, staged files), of batches up to ``up_to``
         (all if None)."""
-        targets = [t for t in self.sink.targets() if t.blocking_pre_commits or not blocking_only]
-        found = self.sink.leftovers() if len(targets) == len(self.sink.targets()) else \
-            [c for t in targets for c in t.leftovers()]
+        found = [c for t in self.sink.targets() if t.blocking_pre_commits for c in t.leftovers()] if blocking_only \
+            else self.sink.leftovers()
         return found if up_to is None else [c for c in found if c.batch_id <= up_to]
 
     def _prune(self, names: list[str] | None = None, completed: set[int] | None = None) -> None:

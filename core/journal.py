@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from oncekit.core.errors import CommitError
 from oncekit.core.protocol import Committable
@@ -174,9 +174,10 @@ class Journal:
         """The epoch run ``token`` took; None for a run that has not started (or was forgotten)."""
         return self.runs().get(token)
 
-    def latest_epoch(self) -> int:
-        """The newest epoch any run of this sink took here (0 when none has)."""
-        return max(self.runs().values(), default=0)
+    def latest_epoch(self, runs: Mapping[str, int] | None = None) -> int:
+        """The newest epoch any run of this sink took here (0 when none has), among ``runs``
+        when the caller listed them this step (:meth:`runs`)."""
+        return max((self.runs() if runs is None else runs).values(), default=0)
 
     def sweep(self, before_batch: int, names: list[str] | None = None) -> None:
         """Driver, pruning: delete temporaries that killed writers left for batches before

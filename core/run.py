@@ -152,6 +152,26 @@ def commit_batch(engine: CheckpointEngine, run: QueryRun, batch_id: int, committ
     engine.checkpoint(batch_id, committables, notified=run.notified)
 
 
+@dataclass(eq=False)
+class WatchedRun:
+    """One sink of a query run that a notifier follows across batches (the checkpoint listener),
+    and the epoch the run ``token`` took once the journal shows it: a run's epoch never changes,
+    so the journal's runs are listed only until then, not at every notification."""
+
+    config: SinkConfig
+    checkpoint: str
+    token: str
+    epoch: int | None = None
+
+    def engine(self) -> CheckpointEngine | None:
+        """The engine acting for the run's epoch; None while the run has taken none."""
+        if self.epoch is not None:
+            return CheckpointEngine.of(self.config, self.checkpoint, self.epoch)
+        engine = CheckpointEngine.for_run(self.config, self.checkpoint, self.token)
+        self.epoch = None if engine is None else engine.epoch
+        return engine
+
+
 def settle(config: SinkConfig, checkpoint: str, run: QueryRun) -> list[int]:
     """Driver, once the run's query stopped or drained (:meth:`~oncekit.core.spark.query.OncekitQuery.complete`):
     commit every decided batch Spark completed, acting for the run's epoch. Spark creates no

@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from oncekit.core.names import StagedFile
 from oncekit.core.protocol import Committable, TaskInfo
-from oncekit.core.storage import delete_dir_if_spent, delete_file, filesystem, list_names, write_atomically
+from oncekit.core.storage import delete_dir, delete_dir_if_spent, delete_file, filesystem, list_names, write_atomically
 
 logger = logging.getLogger(__name__)
 
@@ -69,10 +69,7 @@ class StagedFiles:
         """Driver, once the batch is published: delete its folder and every file in it. Spark
         completed the batch, so no run stages anything for it any more; the files an entry does
         not name (an older run's, a lost attempt's) are garbage as well."""
-        try:
-            self.fs.delete_dir(f"{self.directory}/{batch_id}")
-        except FileNotFoundError:
-            pass
+        delete_dir(self.fs, f"{self.directory}/{batch_id}")
 
     def leftovers(self, batch_ids: Iterable[int] | None = None) -> list[Committable]:
         """Every staged file still present, for ``batch_ids`` or all batches: a listing of each

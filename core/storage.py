@@ -114,11 +114,16 @@ def delete_dir_if_spent(fs: FileSystem, directory: str) -> bool:
     names = list_names(fs, directory)
     if any(temporary_target(name) is None for name in names):
         return False
+    delete_dir(fs, directory)
+    return True
+
+
+def delete_dir(fs: FileSystem, directory: str) -> None:
+    """Delete ``directory`` with everything in it; a missing one is no error."""
     try:
         fs.delete_dir(directory)
     except FileNotFoundError:
         pass
-    return True
 
 
 def read_bytes(fs: FileSystem, path: str) -> bytes:

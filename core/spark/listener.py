@@ -9,36 +9,16 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
-from dataclasses import dataclass
 from typing import Any
 
 from pyspark import SparkContext
 from pyspark.java_gateway import ensure_callback_server_started
 from pyspark.sql import SparkSession
 
-from oncekit.core.engine import CheckpointEngine
 from oncekit.core.protocol import SinkConfig
+from oncekit.core.run import WatchedRun
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(eq=False)
-class _Watch:
-    """One sink of a watched run, and the epoch the kit's run ``token`` took once it is known (a
-    run's epoch never changes, so the journal's runs are listed only until then)."""
-
-    config: SinkConfig
-    checkpoint: str
-    token: str
-    epoch: int | None = None
-
-    def engine(self) -> CheckpointEngine | None:
-        """The engine acting for the run's epoch; None while the run has taken none."""
-        if self.epoch is not None:
-            return CheckpointEngine.of(self.config, self.checkpoint, self.epoch)
-        engine = CheckpointEngine.for_run(self.config, self.checkpoint, self.token)
-        self.epoch = None if engine is None else engine.epoch
-        return engine
 
 
 class CheckpointListener:
@@ -58,7 +38,7 @@ class CheckpointListener:
         implements = ["org.apache.spark.sql.streaming.PythonStreamingQueryListener"]
 
     def __init__(self) -> None:
-        self._watched: dict[str, list[_Watch]] = {}
+        self._watched: dict[str, list[WatchedRun]] = {}
         self._terminated: dict[str, None] = {}  # the last runs whose termination notification has run
         self._lock = threading.Lock()
 
@@ -67,7 +47,7 @@ class CheckpointListener:
         query keeps its query id and gets a new run id): deliver that run's events, and only
         those, to the sink, with the epoch the kit's run ``token`` took."""
         with self._lock:
-            self._watched.setdefault(run_id, []).append(_Watch(config, checkpoint, token))
+            self._watched.setdefault(run_id, []).append(WatchedRun(config, checkpoint, token))
 
     def _notify(self, run_id: str, up_to: int | None) -> None:
         with self._lock:

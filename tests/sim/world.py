@@ -35,7 +35,7 @@ from oncekit.core.fanout import fan_out
 from oncekit.core.lease import RENEW_S, Driver, LeaseKeeper, wait_free
 from oncekit.core.protocol import Committable, SinkConfig, TaskInfo
 from oncekit.core.restart import superseded
-from oncekit.core.run import QueryRun, commit_batch, open_run, settle
+from oncekit.core.run import QueryRun, WatchedRun, commit_batch, open_run, settle
 from oncekit.core.spark_log import SparkLog
 from oncekit.connectors import kafka as kafka_connector
 from oncekit.connectors.kafka import CLIENTS, register_clients
@@ -306,10 +306,9 @@ class World:
     def listener(self, token: str, state: dict[str, bool]) -> None:
         """The checkpoint listener of one run: notifications as Spark's progress events come (a
         batch's event once its commit-log entry exists; after a failed notification, the next
-        event, :data:`POLL_S` later). Like the kit's, it looks the run's epoch up until it finds
-        it, then acts for it."""
+        event, :data:`POLL_S` later), acting for the run's epoch as the kit's does (:class:`WatchedRun`)."""
         notified = -1
-        epoch: int | None = None
+        watched = WatchedRun(self.config, self.checkpoint, token)
 
         def event() -> bool:
             return not state["running"] or self.latest_commit > notified
@@ -321,10 +320,8 @@ class World:
             latest = self.latest_commit  # what the event says
             if latest > notified:
                 try:
-                    engine = (CheckpointEngine.for_run(self.config, self.checkpoint, token) if epoch is None
-                              else CheckpointEngine.of(self.config, self.checkpoint, epoch))
+                    engine = watched.engine()
                     if engine is not None:
-                        epoch = engine.epoch
                         engine.complete(latest)
                     notified = latest
                 except Exception as exc:  # noqa: BLE001 - as the listener: logged, retried at the next event
