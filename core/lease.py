@@ -27,6 +27,7 @@ to agree within seconds, as Kafka and Spark themselves assume.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -159,6 +160,14 @@ class Lease:
         return bool(self.boot) and self.boot == _BOOT and self.host == socket.gethostname()
 
 
+@functools.lru_cache(maxsize=16)
+def _parsed(data: bytes) -> Lease:
+    """The lease written as ``data``, parsed once per content: keepers and standbys read the
+    same record again and again between renewals (a :class:`Lease` is immutable, so one is
+    shared). ValueError or TypeError when ``data`` is not a lease."""
+    return Lease(**json.loads(data))
+
+
 class QueryLease:
     """The lease of the query checkpointed at ``checkpoint``."""
 
@@ -169,7 +178,7 @@ class QueryLease:
     def recorded(self) -> Lease | None:
         """The lease as written, void or not; None when there is none (or it cannot be read)."""
         try:
-            return Lease(**json.loads(read_bytes(self.fs, self.path)))
+            return _parsed(read_bytes(self.fs, self.path))
         except (FileNotFoundError, ValueError, TypeError):
             return None
 
