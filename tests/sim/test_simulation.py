@@ -7,13 +7,10 @@ and its trace printed, with the seed that replays it."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 
 import pytest
 
-from tests.docs.console import console_commands
 from tests.sim.explore import explore, outcome, report, shrink
 from tests.sim.world import PROTOCOLS, Scenario
 
@@ -46,11 +43,3 @@ def test_every_schedule_of_overlapping_drivers_leaves_each_target_exactly_once(
     if failure:
         pytest.fail(report(scenario, failure, shrink(scenario, failure)), pytrace=False)
 
-
-def test_the_design_pages_simulation_commands_run() -> None:
-    """The design page's two commands, as a contributor types them (fewer schedules)."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    for command in console_commands("simulation-explore", {"--schedules 10000": "--schedules 20",
-                                                             ".venv/bin/python": sys.executable}):
-        done = subprocess.run(["bash", "-c", command], cwd=root, capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, f"{command}: {done.stdout[-2000:]}{done.stderr[-2000:]}"
