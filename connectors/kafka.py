@@ -7,6 +7,7 @@ are :mod:`oncekit.connectors.kafka_admin`'s; a test broker's own settings
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping
@@ -330,6 +331,13 @@ class KafkaConfig:
         out: dict[str, Any] = {**RECONNECT, "bootstrap.servers": self.bootstrap_servers, **self.client}
         out.update({key.replace("_", "."): value for key, value in extra.items()})
         return out
+
+    @functools.cached_property
+    def pool_key(self) -> tuple[tuple[str, str], ...]:
+        """What makes this cluster's clients interchangeable in :data:`CLIENTS` (a sink adds the
+        transactional id, or what the client is for): its :meth:`settings`, made once per config
+        (a sink is built at every task and driver commit)."""
+        return tuple(sorted((str(key), str(value)) for key, value in self.settings().items()))
 
     def consumer_settings(self, **extra: Any) -> dict[str, Any]:
         """Settings for a consumer that reads records in bulk (the source's readers, output

@@ -115,7 +115,7 @@ class KafkaSinkBase:
 
     def __init__(self, config: KafkaSinkConfig) -> None:
         self.config, self.sink_id = config, config.sink_id
-        self._client_key = tuple(sorted((str(k), str(v)) for k, v in config.kafka.settings().items()))
+        self._client_key = config.kafka.pool_key
         self.markers = MarkerLog(config.kafka, config.sink_id, self._client_key,
                                  lambda transactional_id: self.take_producer(transactional_id, fresh=True))
 

@@ -6,6 +6,7 @@ listing shows every file written before it, a delete of a missing file is no err
 
 from __future__ import annotations
 
+import functools
 import io
 from typing import Any
 
@@ -177,7 +178,10 @@ class MemoryStore:
 _stores: dict[str, MemoryStore] = {}
 
 
+@functools.lru_cache(maxsize=256)
 def _resolve(location: str) -> tuple[Any, str]:
+    """The store and path of a ``sim://`` location (once per location: a world's names are never
+    used again once it ended, and the kit resolves the same few locations all the time)."""
     rest = location.split("://", 1)[1]
     name, _, path = rest.partition("/")
     return _stores[name], "/" + path.rstrip("/")
