@@ -133,7 +133,7 @@ class _Worker:
     def take(cls, main: Any, body: Callable[[], None]) -> Any:
         """A greenlet whose next switch runs ``body``; back to the pool once ``body`` returned."""
         worker = cls._idle.pop() if cls._idle else cls(main)
-        worker.body = body
+        worker.glet.parent, worker.body = main, body
         return worker.glet
 
     def _serve(self) -> None:
@@ -141,6 +141,7 @@ class _Worker:
             body, self.body = self.body, None
             assert body is not None
             body()
+            del body  # the ended actor's world is not kept alive by an idle greenlet
             self._idle.append(self)
             self.glet.parent.switch()
 
