@@ -19,6 +19,10 @@ from oncekit.core.storage import delete_dir, delete_dir_if_spent, delete_file, f
 
 logger = logging.getLogger(__name__)
 
+_WRITE_OPTIONS = pa.ipc.IpcWriteOptions(metadata_version=pa.ipc.MetadataVersion.V5)
+"""How staged files are written: Arrow's current IPC format, whatever ``ARROW_PRE_*`` variables
+say (the kit alone writes and reads them). Given, pyarrow reads no environment per file."""
+
 
 class StagedFiles:
     """The staging area of one sink of one query."""
@@ -37,7 +41,7 @@ class StagedFiles:
             if batch.num_rows == 0:
                 continue
             if writer is None:
-                writer = pa.ipc.new_stream(buffer, batch.schema)
+                writer = pa.ipc.new_stream(buffer, batch.schema, options=_WRITE_OPTIONS)
             writer.write_batch(batch)
             rows += batch.num_rows
         if writer is None:
