@@ -107,6 +107,8 @@ def shrink(scenario: Scenario, failure: Failure, budget: int = 400) -> list[int]
     best = list(failure.choices)
     tries = 0
     try:
+        if not fails(best):
+            return best  # it does not fail again here: nothing to shrink (report says so)
         improved = True
         while improved and tries < budget:
             improved = False
@@ -136,11 +138,16 @@ def report(scenario: Scenario, failure: Failure, shrunk: list[int]) -> str:
     """The failure, how to replay it, and the shrunk schedule's trace."""
     message, world = run_one(scenario, Choices(recorded=shrunk), trace=True)
     trace = world.scheduler.trace or []
+    replayed = (f"shrunk to {len(shrunk)} choices ({len(failure.choices)} before), which fail with: {message}"
+                if message is not None else
+                f"NOT REPRODUCED: its {len(failure.choices)} recorded choices pass when replayed here, so the schedule "
+                "depended on more than its choices (state its explorer process kept from earlier schedules); the "
+                "trace below is the replay's")
     return "\n".join([
         f"{scenario.protocol}: seed {failure.seed} fails: {failure.message}",
         f"replay: python -m tests.sim.explore {scenario.protocol} --replay {failure.seed}",
-        f"shrunk to {len(shrunk)} choices ({len(failure.choices)} before), which fail with: {message}",
-        "trace of the shrunk schedule:",
+        replayed,
+        "trace of the schedule:",
         *trace,
     ])
 

@@ -15,6 +15,7 @@ pause is over; a killed process's actors never run again, as after kill -9 (no c
 from __future__ import annotations
 
 import random
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -162,6 +163,9 @@ class Scheduler:
         self._max_steps = 0
         self._between: Callable[[], None] = lambda: None
         self._outcome: bool | None = None  # how the schedule ended: every actor done, or the step budget
+        self.strays: list[str] = []
+        """Operations reached outside the current actor's greenlet (a finalizer that the garbage
+        collector ran, say): they take no step, and the world fails the schedule with them."""
 
     # -- called by actors (through the models) ---------------------------------------------------
 
@@ -177,6 +181,9 @@ class Scheduler:
         actor = self.current
         if actor is None:
             return  # outside the simulation (building the world)
+        if greenlet.getcurrent() is not actor.glet:
+            self.strays.append(f"{text(label)} outside {actor.name}'s greenlet:\n" + "".join(traceback.format_stack(limit=12)))
+            return
         process = actor.process
         if process.dead:
             raise Killed()
