@@ -89,10 +89,18 @@ def _explore_range(scenario: Scenario, first_seed: int, schedules: int) -> Failu
             choices = Choices(seed)
             message, _ = run_one(scenario, choices)
             if message is not None:
-                return Failure(seed, choices.made, message)
+                return Failure(seed, choices.made, message + _replayed_here(scenario, choices.made))
     finally:
         quiet.setLevel(level)
     return None
+
+
+def _replayed_here(scenario: Scenario, made: list[int]) -> str:
+    """What the failure's recorded choices do when replayed at once, in the process that explored
+    them: a failure that passes here depended on more than its choices, and one that fails here
+    but not in a fresh process (:func:`report`) on what this process kept from earlier schedules."""
+    again, _ = run_one(scenario, Choices(recorded=list(made)))
+    return " [replayed at once in its explorer process: " + ("fails again]" if again is not None else "PASSES]")
 
 
 def shrink(scenario: Scenario, failure: Failure, budget: int = 400) -> list[int]:

@@ -5,6 +5,7 @@ and is reported, rather than silently changing the schedule."""
 from __future__ import annotations
 
 import greenlet
+import pytest
 
 from tests.sim.explore import run_one
 from tests.sim.scheduler import Choices, Process, Scheduler
@@ -37,3 +38,19 @@ def test_an_operation_outside_the_running_actors_greenlet_takes_no_step_and_is_r
     scheduler.close()
     assert done == ["ran"]
     assert len(scheduler.strays) == 1 and scheduler.strays[0].startswith("from another greenlet outside a's greenlet")
+
+
+def test_a_failure_says_whether_it_fails_again_when_replayed_in_its_explorer_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.sim import explore, world
+
+    runs = iter([True, False])  # the exploring run fails, its replay passes: a schedule that depends on more
+
+    def check(self: world.World, ended: bool) -> None:
+        if next(runs, False):
+            raise world.Violation("made up")
+
+    monkeypatch.setattr(world.World, "check", check)
+    failure = explore.explore(Scenario("postgres-idempotent"), 1, 7)
+    assert failure is not None and failure.seed == 7
+    assert failure.message == "made up [replayed at once in its explorer process: PASSES]"
+    assert "NOT REPRODUCED" in explore.report(Scenario("postgres-idempotent"), failure, explore.shrink(Scenario("postgres-idempotent"), failure))
