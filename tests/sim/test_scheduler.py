@@ -54,3 +54,16 @@ def test_a_failure_says_whether_it_fails_again_when_replayed_in_its_explorer_pro
     assert failure is not None and failure.seed == 7
     assert failure.message == "made up [replayed at once in its explorer process: PASSES]"
     assert "NOT REPRODUCED" in explore.report(Scenario("postgres-idempotent"), failure, explore.shrink(Scenario("postgres-idempotent"), failure))
+
+
+def test_a_greenlet_ended_by_another_than_the_scheduler_does_not_go_back_to_the_pool() -> None:
+    """greenlet ends a suspended greenlet it collects by raising GreenletExit in it: only the
+    scheduler's own :class:`~tests.sim.scheduler.Killed` sends a worker back to the pool, else a
+    half-ended greenlet could run the next schedule's actor."""
+    from tests.sim.scheduler import _Worker
+
+    scheduler = Scheduler(Choices(1))
+    actor = scheduler.spawn("a", Process("p"), lambda: [scheduler.step(label) for label in ("1", "2", "3")])
+    assert scheduler.run(1) is False  # ended by the step budget, its actor waiting in step "2"
+    actor.glet.throw(greenlet.GreenletExit())
+    assert actor.glet.dead and all(worker.glet is not actor.glet for worker in _Worker._idle)
