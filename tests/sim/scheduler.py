@@ -235,8 +235,10 @@ class Scheduler:
         def body() -> None:
             try:
                 run()
+            except Killed:
+                pass  # the schedule ended (close): its greenlet goes back to the pool all the same
             except greenlet.GreenletExit:
-                pass  # killed: its greenlet goes back to the pool all the same
+                raise  # ended by greenlet itself (collected): it ends, and is never reused
             except BaseException as exc:  # noqa: BLE001 - the world looks at it
                 actor.error = exc
             finally:
