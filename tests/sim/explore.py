@@ -87,20 +87,34 @@ def _explore_range(scenario: Scenario, first_seed: int, schedules: int) -> Failu
     try:
         for seed in range(first_seed, first_seed + schedules):
             choices = Choices(seed)
-            message, _ = run_one(scenario, choices)
+            message, world = run_one(scenario, choices)
             if message is not None:
-                return Failure(seed, choices.made, message + _replayed_here(scenario, choices.made))
+                return Failure(seed, choices.made, message + _replayed_here(scenario, world))
     finally:
         quiet.setLevel(level)
     return None
 
 
-def _replayed_here(scenario: Scenario, made: list[int]) -> str:
+def _replayed_here(scenario: Scenario, explored: World) -> str:
     """What the failure's recorded choices do when replayed at once, in the process that explored
     them: a failure that passes here depended on more than its choices, and one that fails here
-    but not in a fresh process (:func:`report`) on what this process kept from earlier schedules."""
-    again, _ = run_one(scenario, Choices(recorded=list(made)))
-    return " [replayed at once in its explorer process: " + ("fails again]" if again is not None else "PASSES]")
+    but not in a fresh process (:func:`report`) on what this process kept from earlier schedules.
+    Where the replay took another step than the exploring run, that step is named."""
+    again, replay = run_one(scenario, Choices(recorded=list(explored.choices.made)))
+    return (" [replayed at once in its explorer process: " + ("fails again" if again is not None else "PASSES")
+            + parting(explored, replay) + "]")
+
+
+def parting(first: World, second: World) -> str:
+    """Where two runs of the same choices took different steps: nothing when they ran the same
+    actors, else the first step where they part, with the actors each ran up to it."""
+    ran = [[actor.name for actor in world.scheduler.ran] for world in (first, second)]
+    if ran[0] == ran[1]:
+        return ""
+    step = next((i for i, (a, b) in enumerate(zip(*ran)) if a != b), min(map(len, ran)))
+    up_to = [", ".join(names[max(0, step - 3):step + 1]) or "nothing" for names in ran]
+    return (f"; the runs part at step {step + 1}: the explored one ran {up_to[0]} (of {len(ran[0])} steps), "
+            f"the replay {up_to[1]} (of {len(ran[1])})")
 
 
 def shrink(scenario: Scenario, failure: Failure, budget: int = 400) -> list[int]:

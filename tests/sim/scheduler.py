@@ -163,6 +163,9 @@ class Scheduler:
         self._max_steps = 0
         self._between: Callable[[], None] = lambda: None
         self._outcome: bool | None = None  # how the schedule ended: every actor done, or the step budget
+        self.ran: list[Actor] = []
+        """The actor chosen at each step, in order: where two runs of the same choices part
+        (:func:`tests.sim.explore.parting`)."""
         self.strays: list[str] = []
         """Operations reached outside the current actor's greenlet (a finalizer that the garbage
         collector ran, say): they take no step, and the world fails the schedule with them."""
@@ -308,6 +311,7 @@ class Scheduler:
                 continue
             actor = runnable[self.choices.pick(len(runnable))] if len(runnable) > 1 else runnable[0]
             self.current = actor
+            self.ran.append(actor)
             self.steps += 1
             self.time = now + STEP_S
             return actor

@@ -67,3 +67,19 @@ def test_a_greenlet_ended_by_another_than_the_scheduler_does_not_go_back_to_the_
     assert scheduler.run(1) is False  # ended by the step budget, its actor waiting in step "2"
     actor.glet.throw(greenlet.GreenletExit())
     assert actor.glet.dead and all(worker.glet is not actor.glet for worker in _Worker._idle)
+
+
+def test_two_runs_of_the_same_choices_are_told_apart_at_the_first_step_where_they_part() -> None:
+    from types import SimpleNamespace
+    from typing import Any
+
+    from tests.sim.explore import parting
+
+    def run(*names: str) -> Any:
+        return SimpleNamespace(scheduler=SimpleNamespace(ran=[SimpleNamespace(name=name) for name in names]))
+
+    assert parting(run("a", "b"), run("a", "b")) == ""
+    assert parting(run("a", "b", "c", "d", "e"), run("a", "b", "c", "d", "f", "g")) == (
+        "; the runs part at step 5: the explored one ran b, c, d, e (of 5 steps), the replay b, c, d, f (of 6)")
+    assert parting(run("a", "b"), run("a", "b", "c")) == (
+        "; the runs part at step 3: the explored one ran a, b (of 2 steps), the replay a, b, c (of 3)")
