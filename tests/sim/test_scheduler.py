@@ -83,3 +83,45 @@ def test_two_runs_of_the_same_choices_are_told_apart_at_the_first_step_where_the
         "; the runs part at step 5: the explored one ran b, c, d, e (of 5 steps), the replay b, c, d, f (of 6)")
     assert parting(run("a", "b"), run("a", "b", "c")) == (
         "; the runs part at step 3: the explored one ran a, b (of 2 steps), the replay a, b, c (of 3)")
+
+
+def _recursion_left() -> int:
+    """How many calls deeper this greenlet may go before RecursionError."""
+    calls = 0
+
+    def deeper() -> None:
+        nonlocal calls
+        calls += 1
+        deeper()
+
+    try:
+        deeper()
+    except RecursionError:
+        pass
+    return calls
+
+
+def test_an_actor_starts_as_deep_as_the_scheduler_whoever_first_switches_to_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A greenlet takes the recursion depth of the one that first switches to it. An actor's
+    greenlet is reused for later actors (and schedules): started from deep in another actor's
+    stack, it would keep that depth, and greenlets started from it deeper still, until plain
+    calls of the kit raise RecursionError in a schedule of a long exploration (which made its
+    schedules depend on the process's history: issue 46's open finding)."""
+    from tests.sim.scheduler import _Worker
+
+    monkeypatch.setattr(_Worker, "_idle", [])  # no greenlets from earlier tests
+    scheduler = Scheduler(Choices(1))
+    process = Process("p")
+    left: list[int] = []
+
+    def spawn_deep(levels: int) -> None:
+        if levels:
+            spawn_deep(levels - 1)
+            return
+        scheduler.spawn("child", process, lambda: left.append(_recursion_left()))
+        scheduler.sleep(1.0)  # the child is the only one to run: switched to from down here
+
+    scheduler.spawn("parent", process, lambda: spawn_deep(300))
+    assert scheduler.run(100) is True
+    scheduler.close()
+    assert left and left[0] > _recursion_left() - 100, f"{left[0]} calls left in the child, {_recursion_left()} here"
