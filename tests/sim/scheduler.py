@@ -122,29 +122,53 @@ class VirtualClock:
 class _Worker:
     """A greenlet that runs one actor's body after another. An actor's greenlet is taken from the
     finished ones rather than made anew: a new greenlet maps a frame stack of its own, which it
-    unmaps when it ends (8 µs of a schedule's 15 actors each, against 1 µs reused)."""
+    unmaps when it ends (8 µs of a schedule's 15 actors each, against 1 µs reused).
+
+    A greenlet takes the recursion depth of the one that first switches to it, and keeps it. So
+    the pool holds only greenlets started from the scheduler's own (:meth:`prime`, as shallow as
+    :meth:`Scheduler.run`); one made when the pool is empty is first run by whichever actor
+    chose it, from deep in that actor's stack, and ends with its actor instead of going back.
+    Reused, it would carry that depth into every later actor, and the greenlets it starts
+    deeper still, until plain calls of the kit raised RecursionError."""
 
     _idle: list[_Worker] = []
+    POOL = 32
+    """Idle greenlets kept ready: more than a schedule's actors alive at once (at most 5 in
+    1,800 schedules of every protocol: none was made outside the pool)."""
 
-    def __init__(self, main: Any) -> None:
+    def __init__(self, main: Any, pooled: bool) -> None:
         self.body: Callable[[], None] | None = None
+        self.pooled = pooled
         self.glet = greenlet.greenlet(self._serve, parent=main)
 
     @classmethod
+    def prime(cls, main: Any) -> None:
+        """Called by the scheduler in its own greenlet ``main``: fill the pool with greenlets
+        started here, each waiting for a body."""
+        while len(cls._idle) < cls.POOL:
+            worker = cls(main, pooled=True)
+            worker.glet.switch()
+            cls._idle.append(worker)
+
+    @classmethod
     def take(cls, main: Any, body: Callable[[], None]) -> Any:
-        """A greenlet whose next switch runs ``body``; back to the pool once ``body`` returned."""
-        worker = cls._idle.pop() if cls._idle else cls(main)
+        """A greenlet whose next switch runs ``body``: a pooled one, back to the pool once ``body``
+        returned; a new one, which ends with it, when the pool is empty."""
+        worker = cls._idle.pop() if cls._idle else cls(main, pooled=False)
         worker.glet.parent, worker.body = main, body
         return worker.glet
 
     def _serve(self) -> None:
         while True:
+            if self.body is None:
+                self.glet.parent.switch()  # idle: until taken and switched to
             body, self.body = self.body, None
             assert body is not None
             body()
             del body  # the ended actor's world is not kept alive by an idle greenlet
+            if not self.pooled:
+                return
             self._idle.append(self)
-            self.glet.parent.switch()
 
 
 class Scheduler:
@@ -159,6 +183,7 @@ class Scheduler:
         self.steps = 0
         self.trace: list[str] | None = [] if trace else None
         self._main = greenlet.getcurrent()
+        _Worker.prime(self._main)  # the world spawns its first actors before it runs
         self._ended = False  # an actor finished or a process was killed: drop them from actors
         self._max_steps = 0
         self._between: Callable[[], None] = lambda: None
@@ -273,10 +298,12 @@ class Scheduler:
         runs before each step (the world's faults). Actors pass control among themselves
         (:meth:`step`); it comes back here when one ends or the schedule does."""
         self._max_steps, self._between, self._outcome = max_steps, between, None
+        _Worker.prime(self._main)
         while self._outcome is None:
             actor = self._next()
             if actor is not None:
                 actor.glet.switch()
+                _Worker.prime(self._main)
             self.current = None
         return self._outcome
 
