@@ -125,3 +125,31 @@ def test_an_actor_starts_as_deep_as_the_scheduler_whoever_first_switches_to_it(m
     assert scheduler.run(100) is True
     scheduler.close()
     assert left and left[0] > _recursion_left() - 100, f"{left[0]} calls left in the child, {_recursion_left()} here"
+
+
+def test_an_error_while_choosing_the_next_step_ends_the_schedule_and_is_reported() -> None:
+    """An error of the simulation's own code while an actor's step chooses who goes on (the
+    world's faults, a model's wait condition) must not leave that actor running unscheduled: it
+    would take no step again, and a restart loop of the kit's around it would spin for ever."""
+    scheduler = Scheduler(Choices(1))
+    ran: list[int] = []
+
+    def actor() -> None:
+        for op in range(1000):
+            try:
+                scheduler.step(f"op {op}")
+            except RecursionError:
+                pass  # as a restart loop of the kit's would: go on
+            ran.append(op)
+
+    picks = iter(range(10**6))
+
+    def between() -> None:
+        if next(picks) == 3:
+            raise RecursionError("made up")
+
+    scheduler.spawn("a", Process("p"), actor)
+    assert scheduler.run(100, between) is False
+    scheduler.close()
+    assert len(ran) < 5
+    assert len(scheduler.strays) == 1 and scheduler.strays[0].startswith("choosing the step after a's op 3: RecursionError: made up")
