@@ -192,8 +192,10 @@ class Scheduler:
         """The actor chosen at each step, in order: where two runs of the same choices part
         (:func:`tests.sim.explore.parting`)."""
         self.strays: list[str] = []
-        """Operations reached outside the current actor's greenlet (a finalizer that the garbage
-        collector ran, say): they take no step, and the world fails the schedule with them."""
+        """What went wrong in the simulation itself: operations reached outside the current actor's
+        greenlet (a finalizer that the garbage collector ran, say), which take no step, and errors
+        raised while a step chose who goes on, which end the schedule. The world fails the
+        schedule with them."""
 
     # -- called by actors (through the models) ---------------------------------------------------
 
@@ -223,7 +225,12 @@ class Scheduler:
                 return
         actor.wake_at = wake_at
         self.current = None
-        chosen = self._next()
+        try:
+            chosen = self._next()
+        except BaseException as exc:  # noqa: BLE001 - the simulation's own error: it ends the schedule
+            self.strays.append(f"choosing the step after {actor.name}'s {text(label)}: {type(exc).__name__}: {exc}\n"
+                               + traceback.format_exc(limit=-12))
+            self._outcome, chosen = False, None
         if chosen is not actor:
             (self._main if chosen is None else chosen.glet).switch()
         self.current = actor

@@ -440,7 +440,7 @@ class World:
         if self.violations:
             raise Violation(f"a protocol error no schedule may cause: {self.violations[0]}")
         if self.scheduler.strays:
-            raise Violation(f"an operation outside its actor: {self.scheduler.strays[0]}")
+            raise Violation(f"the simulation itself went wrong: {self.scheduler.strays[0]}")
         if not ended or not self.finished:
             raise Violation(f"no progress: the query did not finish within {self.scenario.max_steps} steps "
                             f"(last fault at step {self.last_fault_step})")
